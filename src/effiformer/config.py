@@ -1,0 +1,201 @@
+"""Frozen, keyword-only model configurations shared by every family.
+
+Every family's config subclasses :class:`ModelConfig`, so all of them speak one vocabulary:
+``dim``, ``n_heads``, ``head_dim``, ``n_layers``, ``ffn_dim``, ``seq_len``, ``mem_len``,
+``vocab_size``, ``causal``. Validation happens in ``__post_init__`` and raises ``ValueError``
+naming the field; derived values are filled in there once (``head_dim``, ``ffn_dim``) or exposed
+as properties.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+__all__ = ["ModelConfig", "ConfigError", "replace_config", "parse_overrides", "closest"]
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value or an unknown configuration key."""
+
+
+def closest(word: str, candidates: typing.Iterable[str]) -> list[str]:
+    """All ``candidates`` sorted by similarity to ``word``, closest first."""
+    cands = list(candidates)
+    return sorted(cands, key=lambda c: (-difflib.SequenceMatcher(None, word, c).ratio(), c))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Fields every family shares. Families subclass this and add their own fields.
+
+    ``head_dim`` and ``ffn_dim`` default to ``dim // n_heads`` and ``4 * dim``.
+    ``seq_len`` is the longest input a forward pass accepts (the model's limit).
+    """
+
+    family: ClassVar[str] = "base"
+
+    vocab_size: int = 256
+    dim: int = 256
+    n_heads: int = 4
+    head_dim: int | None = None
+    n_layers: int = 4
+    ffn_dim: int | None = None
+    seq_len: int = 256
+    mem_len: int = 0
+    causal: bool = True
+    dropout: float = 0.1
+    attn_dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "dim", "n_heads", "n_layers", "seq_len"):
+            self._check_positive(name)
+        if self.head_dim is None:
+            if self.dim % self.n_heads != 0:
+                raise ConfigError(
+                    f"dim={self.dim} is not divisible by n_heads={self.n_heads}; "
+                    "choose dim as a multiple of n_heads or set head_dim explicitly"
+                )
+            object.__setattr__(self, "head_dim", self.dim // self.n_heads)
+        self._check_positive("head_dim")
+        if self.ffn_dim is None:
+            object.__setattr__(self, "ffn_dim", 4 * self.dim)
+        self._check_positive("ffn_dim")
+        if self.mem_len < 0:
+            raise ConfigError(f"mem_len must be >= 0, got {self.mem_len}")
+        for name in ("dropout", "attn_dropout"):
+            p = getattr(self, name)
+            if not 0.0 <= p < 1.0:
+                raise ConfigError(f"{name} must be in [0, 1), got {p}")
+
+    def _check_positive(self, name: str) -> None:
+        value = getattr(self, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+    def _check_choice(self, name: str, choices: typing.Sequence[str]) -> None:
+        value = getattr(self, name)
+        if value not in choices:
+            raise ConfigError(f"{name} must be one of {list(choices)}, got {value!r}")
+
+    @property
+    def inner_dim(self) -> int:
+        """Width of the concatenated heads, ``n_heads * head_dim``."""
+        return self.n_heads * self.head_dim  # type: ignore[operator]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+
+def replace_config(config: ModelConfig, **overrides: Any) -> ModelConfig:
+    """``dataclasses.replace`` that rejects unknown keys with the valid ones listed, closest first.
+
+    Derived fields (``head_dim``, ``ffn_dim``) are re-derived when the fields they come from change
+    and they were not given explicitly.
+    """
+    valid = type(config).field_names()
+    unknown = [k for k in overrides if k not in valid]
+    if unknown:
+        k = unknown[0]
+        raise ConfigError(
+            f"unknown config key {k!r} for {type(config).__name__}; "
+            f"valid keys (closest first): {', '.join(closest(k, valid))}"
+        )
+    current = config.to_dict()
+    # Keep derived defaults derived: if the stored value equals what the defaults would derive
+    # from the old dim/n_heads, let it be re-derived from the new ones.
+    if "head_dim" not in overrides and ("dim" in overrides or "n_heads" in overrides):
+        if current["head_dim"] == current["dim"] // current["n_heads"]:
+            current["head_dim"] = None
+    if "ffn_dim" not in overrides and "dim" in overrides:
+        if current["ffn_dim"] == 4 * current["dim"]:
+            current["ffn_dim"] = None
+    current.update(overrides)
+    # dataclasses.asdict turns tuples of tuples into lists; restore tuple-typed fields.
+    hints = typing.get_type_hints(type(config))
+    for k, v in current.items():
+        if isinstance(v, list) and _is_tuple_type(hints.get(k)):
+            current[k] = tuple(tuple(x) if isinstance(x, list) else x for x in v)
+    return type(config)(**current)
+
+
+def _is_tuple_type(tp: Any) -> bool:
+    if tp is None:
+        return False
+    origin = typing.get_origin(tp)
+    if origin is tuple:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_is_tuple_type(a) for a in typing.get_args(tp))
+    return False
+
+
+def _convert(text: str, tp: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if text.lower() in ("none", "null") and len(args) < len(typing.get_args(tp)):
+            return None
+        errors = []
+        for a in args:
+            try:
+                return _convert(text, a, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"cannot parse {key}={text!r}: {'; '.join(errors)}")
+    if tp is bool:
+        low = text.lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{key} expects a boolean (true/false), got {text!r}")
+    if tp is int:
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(f"{key} expects an integer, got {text!r}") from None
+    if tp is float:
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigError(f"{key} expects a number, got {text!r}") from None
+    if tp is str:
+        return text
+    if origin is tuple:
+        args = typing.get_args(tp)
+        parts = [p for p in text.replace("x", ",").split(",") if p != ""] if text else []
+        inner = args[0] if args else str
+        return tuple(_convert(p.strip(), inner, key) for p in parts)
+    if typing.get_origin(tp) is typing.Literal:
+        if text not in typing.get_args(tp):
+            raise ConfigError(f"{key} must be one of {list(typing.get_args(tp))}, got {text!r}")
+        return text
+    raise ConfigError(f"cannot parse a value for {key} of type {tp}")
+
+
+def parse_overrides(config_cls: type[ModelConfig], items: typing.Iterable[str]) -> dict[str, Any]:
+    """Parse ``KEY=VALUE`` strings (from ``--set``) into typed overrides for ``config_cls``."""
+    hints = typing.get_type_hints(config_cls)
+    valid = config_cls.field_names()
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
+        key, value = item.split("=", 1)
+        key = key.strip()
+        if key not in valid:
+            raise ConfigError(
+                f"unknown config key {key!r} for {config_cls.__name__}; "
+                f"valid keys (closest first): {', '.join(closest(key, valid))}"
+            )
+        out[key] = _convert(value.strip(), hints[key], key)
+    return out

@@ -1,0 +1,148 @@
+"""Dense Transformer baseline: a decoder-only language model (``causal=True``) and a bidirectional
+encoder with a masked-LM head (``causal=False``). Vaswani et al. 2017 (arXiv 1706.03762); pre-LN
+option after Xiong et al. 2020 (arXiv 2002.04745). Attention is :class:`DenseAttention` on SDPA.
+
+Registered: ``vanilla-tiny``, ``vanilla-small``, ``vanilla-base``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from ..attention import AttentionMask, DenseAttention
+from ..config import ModelConfig
+from ..layers import FeedForward, TransformerBlock, build_positions
+from ..layers.ffn import ACTIVATIONS
+from ..registry import register_family, register_model
+from .base import EffiModel, ModelOutput, lm_loss
+
+__all__ = ["VanillaConfig", "Transformer", "build_vanilla"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class VanillaConfig(ModelConfig):
+    """Dense Transformer. ``positions``: "sinusoidal" or "learned"; ``norm_first``: pre-LN."""
+
+    family = "vanilla"
+
+    norm_first: bool = True
+    positions: str = "sinusoidal"
+    activation: str = "gelu"
+    tie_embeddings: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_choice("positions", ("sinusoidal", "learned"))
+        self._check_choice("activation", tuple(ACTIVATIONS))
+        if self.mem_len != 0:
+            raise ValueError("mem_len must be 0 for the dense baseline (it has no memory)")
+
+
+class Transformer(EffiModel):
+    """Token embedding -> positions -> N blocks -> (final LN) -> tied LM head.
+
+    forward(input_ids (B, T), *, targets (B, T) | None, attention_mask (B, T) | None)
+    -> ModelOutput(logits (B, T, V), loss, hidden (B, T, D)).
+    ``attention_mask`` marks real tokens with 1/True (padding 0/False).
+    """
+
+    def __init__(
+        self, config: VanillaConfig, make_attention: Callable[[int], nn.Module] | None = None
+    ):
+        super().__init__()
+        self.config = config
+        c = config
+        if make_attention is None:
+
+            def make_attention(_layer: int) -> nn.Module:
+                return DenseAttention(c.dim, c.n_heads, c.head_dim, dropout=c.attn_dropout)
+
+        self.embed = nn.Embedding(c.vocab_size, c.dim)
+        self.pos = build_positions(c.positions, c.dim, c.seq_len)
+        self.drop = nn.Dropout(c.dropout)
+        self.blocks = nn.ModuleList(
+            TransformerBlock(
+                c.dim,
+                make_attention(i),
+                FeedForward(c.dim, c.ffn_dim, activation=c.activation, dropout=c.dropout),
+                norm_first=c.norm_first,
+                dropout=c.dropout,
+            )
+            for i in range(c.n_layers)
+        )
+        self.final_norm = nn.LayerNorm(c.dim) if c.norm_first else nn.Identity()
+        self.head = nn.Linear(c.dim, c.vocab_size, bias=False)
+        self._init_weights()
+        if c.tie_embeddings:
+            self.head.weight = self.embed.weight
+
+    def _init_weights(self) -> None:
+        for name, p in self.named_parameters():
+            if p.dim() >= 2:
+                nn.init.normal_(p, std=0.02)
+                if name.endswith(("o_proj.weight", "fc2.weight")):  # GPT-2 residual scaling
+                    p.data.mul_(1 / math.sqrt(2 * self.config.n_layers))
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        *,
+        targets: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        state: None = None,
+    ) -> ModelOutput:
+        self.check_input_ids(input_ids)
+        if state is not None:
+            raise ValueError(f"{type(self).__name__} is stateless; pass state=None")
+        if attention_mask is not None and attention_mask.shape != input_ids.shape:
+            raise ValueError(
+                f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, "
+                f"got {tuple(attention_mask.shape)}"
+            )
+        mask = AttentionMask(
+            causal=self.config.causal,
+            key_padding=None if attention_mask is None else attention_mask.to(torch.bool),
+        )
+        x = self.drop(self.pos(self.embed(input_ids)))  # (B, T, D)
+        for block in self.blocks:
+            x = block(x, mask=mask).out
+        h = self.final_norm(x)
+        logits = self.head(h)  # (B, T, V)
+        loss = None
+        if targets is not None:
+            self.check_targets(targets, input_ids)
+            loss = lm_loss(logits, targets)
+        return ModelOutput(logits=logits, loss=loss, hidden=h)
+
+    def attention_part(self, x: Tensor) -> Tensor:
+        mask = AttentionMask(causal=self.config.causal)
+        return self.blocks[0].attn(x, mask=mask).out
+
+
+def build_vanilla(config: VanillaConfig) -> Transformer:
+    return Transformer(config)
+
+
+register_family(VanillaConfig, build_vanilla)
+register_model(
+    "vanilla-tiny",
+    VanillaConfig(dim=64, n_heads=2, n_layers=2, seq_len=128, dropout=0.0),
+    "2 layers, d 64: for tests",
+)
+register_model(
+    "vanilla-small",
+    VanillaConfig(dim=256, n_heads=4, n_layers=4, seq_len=256, dropout=0.1),
+    "4 layers, d 256, 4 heads, ffn 1024",
+)
+register_model(
+    "vanilla-base",
+    VanillaConfig(dim=512, n_heads=8, n_layers=12, ffn_dim=2048, seq_len=512, dropout=0.1),
+    "12 layers, d 512, 8 heads, ffn 2048 (Transformer-XL enwik8-base size)",
+)
