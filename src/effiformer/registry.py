@@ -18,6 +18,7 @@ from .config import ConfigError, ModelConfig, closest, replace_config
 
 __all__ = [
     "ModelSpec",
+    "UnknownModelError",
     "register_family",
     "register_model",
     "create_model",
@@ -30,6 +31,13 @@ __all__ = [
 ]
 
 Builder = Callable[[ModelConfig], nn.Module]
+
+
+class UnknownModelError(KeyError):
+    """An unregistered model name; the message lists the registered names, closest first."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 @dataclass(frozen=True)
@@ -73,7 +81,7 @@ def get_spec(name: str) -> ModelSpec:
     _ensure_loaded()
     if name not in _MODELS:
         names = list(_MODELS)
-        raise KeyError(
+        raise UnknownModelError(
             f"unknown model name {name!r}; registered names (closest first): "
             f"{', '.join(closest(name, names))}"
         )
@@ -82,7 +90,9 @@ def get_spec(name: str) -> ModelSpec:
 
 def get_config(name: str, **overrides: Any) -> ModelConfig:
     """The registered config for ``name`` with ``overrides`` applied (unknown keys are errors)."""
-    return replace_config(get_spec(name).config, **overrides) if overrides else get_spec(name).config
+    return (
+        replace_config(get_spec(name).config, **overrides) if overrides else get_spec(name).config
+    )
 
 
 def family_config_class(family: str) -> type[ModelConfig]:

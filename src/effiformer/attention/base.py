@@ -45,7 +45,9 @@ class AttentionMask:
 
     def to_bool(self, tq: int, tk: int, device: torch.device | None = None) -> Tensor | None:
         """Boolean keep-mask broadcastable to (B, H, Tq, Tk), or ``None`` if nothing is masked."""
-        return dense_bool_mask(tq, tk, causal=self.causal, key_padding=self.key_padding, device=device)
+        return dense_bool_mask(
+            tq, tk, causal=self.causal, key_padding=self.key_padding, device=device
+        )
 
 
 def dense_bool_mask(
@@ -86,7 +88,9 @@ class AttentionOutput:
     updates: dict[str, Tensor] = field(default_factory=dict)
 
 
-def check_attention_inputs(x: Tensor, kv: Tensor | None, dim: int, mask: AttentionMask | None) -> None:
+def check_attention_inputs(
+    x: Tensor, kv: Tensor | None, dim: int, mask: AttentionMask | None
+) -> None:
     """Validate shapes at the attention boundary with errors that name the argument."""
     if x.dim() != 3 or x.shape[-1] != dim:
         raise ValueError(f"attention input x must be (B, Tq, {dim}), got {tuple(x.shape)}")

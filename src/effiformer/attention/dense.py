@@ -69,16 +69,18 @@ class DenseAttention(nn.Module):
         if state is not None:
             raise ValueError("DenseAttention takes no state; pass state=None")
         src = x if kv is None else kv
-        q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(src)), self._heads(self.v_proj(src))
+        q, k, v = (
+            self._heads(self.q_proj(x)),
+            self._heads(self.k_proj(src)),
+            self._heads(self.v_proj(src)),
+        )
         p = self.dropout if self.training else 0.0
         o = sdpa(q, k, v, mask, p)  # (B, H, Tq, Dh)
         o = o.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1)  # (B, Tq, H*Dh)
         return AttentionOutput(out=self.o_proj(o))
 
 
-def reference_attention(
-    q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None = None
-) -> Tensor:
+def reference_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None = None) -> Tensor:
     """Plain matmul-softmax attention (for tests): (B,H,Tq,Dh),(B,H,Tk,Dh) -> (B,H,Tq,Dh)."""
     scores = q @ k.transpose(-1, -2) / (q.shape[-1] ** 0.5)
     if keep is not None:

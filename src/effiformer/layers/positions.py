@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import torch
 from torch import Tensor, nn
 
@@ -16,7 +15,9 @@ def sinusoid_table(positions: Tensor, dim: int) -> Tensor:
     """
     if dim % 2:
         raise ValueError(f"sinusoid dim must be even, got {dim}")
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32) / dim))
+    inv_freq = 1.0 / (
+        10000 ** (torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32) / dim)
+    )
     angles = positions.float()[:, None] * inv_freq[None, :]  # (T, dim/2)
     return torch.cat([angles.sin(), angles.cos()], dim=-1)
 
@@ -57,5 +58,3 @@ def build_positions(kind: str, dim: int, max_len: int) -> nn.Module:
     if kind not in kinds:
         raise ValueError(f"positions must be one of {sorted(kinds)}, got {kind!r}")
     return kinds[kind](dim, max_len)
-
-

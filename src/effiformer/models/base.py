@@ -58,7 +58,9 @@ class EffiModel(nn.Module):
         if not isinstance(input_ids, Tensor):
             raise TypeError(f"input_ids must be a torch.Tensor, got {type(input_ids).__name__}")
         if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must be (batch, seq_len), got shape {tuple(input_ids.shape)}")
+            raise ValueError(
+                f"input_ids must be (batch, seq_len), got shape {tuple(input_ids.shape)}"
+            )
         if input_ids.dtype not in (torch.int64, torch.int32):
             raise TypeError(f"input_ids must be an integer tensor (int64), got {input_ids.dtype}")
         limit = self.config.seq_len if max_len is None else max_len
@@ -83,7 +85,9 @@ class EffiModel(nn.Module):
             )
         valid = targets[targets != IGNORE_INDEX]
         if valid.numel() and (int(valid.min()) < 0 or int(valid.max()) >= self.config.vocab_size):
-            raise ValueError(f"target ids must be in [0, {self.config.vocab_size}) or {IGNORE_INDEX}")
+            raise ValueError(
+                f"target ids must be in [0, {self.config.vocab_size}) or {IGNORE_INDEX}"
+            )
 
     def init_state(self, batch_size: int, device: torch.device | str | None = None) -> Any:
         """Initial explicit state for a stream of ``batch_size`` rows; ``None`` if stateless."""

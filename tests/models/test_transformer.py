@@ -1,0 +1,82 @@
+"""The dense baseline: causal LM, bidirectional encoder, positions, input checks."""
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from effiformer import create_model
+
+
+def test_causal_lm_ignores_future_tokens():
+    torch.manual_seed(0)
+    model = create_model("vanilla-tiny").eval()
+    x = torch.randint(0, 256, (1, 12))
+    y = x.clone()
+    y[:, 8:] = (y[:, 8:] + 1) % 256
+    a, b = model(x).logits, model(y).logits
+    assert_close(a[:, :8], b[:, :8])
+    assert not torch.allclose(a[:, 8:], b[:, 8:])
+
+
+def test_encoder_sees_both_directions():
+    torch.manual_seed(0)
+    model = create_model("vanilla-tiny", causal=False).eval()
+    x = torch.randint(0, 256, (1, 12))
+    y = x.clone()
+    y[:, -1] = (y[:, -1] + 1) % 256
+    assert not torch.allclose(model(x).logits[:, 0], model(y).logits[:, 0])
+
+
+def test_encoder_padding_is_ignored():
+    torch.manual_seed(0)
+    model = create_model("vanilla-tiny", causal=False).eval()
+    x = torch.randint(0, 256, (1, 10))
+    mask = torch.ones(1, 10, dtype=torch.bool)
+    mask[:, 7:] = False
+    y = x.clone()
+    y[:, 7:] = (y[:, 7:] + 5) % 256
+    a = model(x, attention_mask=mask).logits
+    b = model(y, attention_mask=mask).logits
+    assert_close(a[:, :7], b[:, :7])
+
+
+@pytest.mark.parametrize("positions", ["sinusoidal", "learned"])
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_variants_train(positions, norm_first):
+    torch.manual_seed(0)
+    model = create_model("vanilla-tiny", positions=positions, norm_first=norm_first)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    x = torch.randint(0, 16, (4, 32))
+    losses = []
+    for _ in range(30):
+        out = model(x[:, :-1], targets=x[:, 1:])
+        opt.zero_grad()
+        out.loss.backward()
+        opt.step()
+        losses.append(out.loss.item())
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_positions_matter():
+    torch.manual_seed(0)
+    model = create_model("vanilla-tiny", causal=False).eval()
+    x = torch.tensor([[1, 2, 3, 4]])
+    a = model(x).logits
+    b = model(x.flip(1)).logits.flip(1)
+    assert not torch.allclose(a, b)
+
+
+def test_bad_inputs_name_the_problem():
+    model = create_model("vanilla-tiny")
+    with pytest.raises(ValueError, match="token id 256 is outside the vocabulary"):
+        model(torch.tensor([[1, 256]]))
+    with pytest.raises(ValueError, match="token id -1"):
+        model(torch.tensor([[-1, 2]]))
+    with pytest.raises(ValueError, match="exceeds the model's limit seq_len=128"):
+        model(torch.zeros(1, 129, dtype=torch.long))
+    with pytest.raises(TypeError, match="integer tensor"):
+        model(torch.zeros(1, 4))
+    with pytest.raises(ValueError, match=r"\(batch, seq_len\)"):
+        model(torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError, match="targets must have the shape"):
+        model(torch.zeros(1, 4, dtype=torch.long), targets=torch.zeros(1, 3, dtype=torch.long))
