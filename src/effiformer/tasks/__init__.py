@@ -1,0 +1,113 @@
+"""Tasks: what :func:`effiformer.train.train` trains on and how it is scored.
+
+A task owns its data, its batching (and the batching's resumable position), the model call
+convention and the metric. The trainer owns everything else (optimiser, schedule, accumulation,
+DDP, checkpoints), so one training loop serves every task:
+
+``train_batches(model, rank, world)``
+    an iterator over this rank's share of each *global* training batch, in order: rows
+    ``[rank * B / world, (rank + 1) * B / world)`` of a batch of ``B`` rows, so any number of
+    processes sees the same global batches. ``model`` is the unwrapped model (the task may pick
+    its batching from it, e.g. contiguous streams for models with recurrent memory).
+``forward(model, batch, state) -> ModelOutput``
+    one forward pass with loss; ``state`` is the explicit recurrent state of these rows (``None``
+    for stateless models).
+``evaluate(model, split, *, device, autocast) -> dict``
+    metrics over a split, e.g. ``{"bpc": .., "loss": .., "tokens": ..}``; ``metric_name`` names the
+    headline key.
+``state_dict()`` / ``load_state_dict(state)``
+    the data position (for exact resume) plus what identifies the data (a corpus fingerprint);
+    loading a state from other data raises.
+``describe()`` / ``artifacts()``
+    a JSON-able description recorded in checkpoints, and extra files saved beside the weights
+    (the vocabulary).
+
+:class:`Batch` is what ``train_batches`` yields: named tensors with rows first, which the trainer
+slices along dim 0 into micro-batches for gradient accumulation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor, nn
+
+from ..models.base import ModelOutput
+
+__all__ = ["Batch", "Task", "LMTask"]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Named tensors, every one with rows first ``(R, ...)``; ``input_ids`` is required.
+
+    ``new_stream``: the rows start new contiguous streams, so recurrent state restarts.
+    """
+
+    data: dict[str, Tensor]
+    new_stream: bool = False
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if "input_ids" not in self.data:
+            raise ValueError(f"Batch.data must hold 'input_ids', got keys {sorted(self.data)}")
+        rows = {t.shape[0] for t in self.data.values()}
+        if len(rows) != 1:
+            raise ValueError(f"every tensor of a Batch must have the same rows, got {rows}")
+
+    @property
+    def rows(self) -> int:
+        return self.data["input_ids"].shape[0]
+
+    @property
+    def num_tokens(self) -> int:
+        """Input tokens in this batch (for tokens/s)."""
+        return self.data["input_ids"].numel()
+
+    def split(self, parts: int) -> list[Batch]:
+        """``parts`` equal row slices (for gradient accumulation); rows must divide evenly."""
+        if self.rows % parts:
+            raise ValueError(f"cannot split {self.rows} rows into {parts} equal parts")
+        n = self.rows // parts
+        return [
+            Batch({k: v[i * n : (i + 1) * n] for k, v in self.data.items()}, self.new_stream)
+            for i in range(parts)
+        ]
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch({k: v.to(device) for k, v in self.data.items()}, self.new_stream, self.meta)
+
+
+@runtime_checkable
+class Task(Protocol):
+    """What the trainer needs from a task (see the module docstring)."""
+
+    metric_name: str
+
+    def train_batches(self, model: nn.Module, rank: int, world: int) -> Iterator[Batch]: ...
+
+    def forward(self, model: nn.Module, batch: Batch, state: Any) -> ModelOutput: ...
+
+    def evaluate(
+        self,
+        model: nn.Module,
+        split: str,
+        *,
+        device: torch.device | str = "cpu",
+        autocast: AbstractContextManager | None = None,
+    ) -> dict[str, float]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+    def artifacts(self) -> dict[str, bytes]: ...
+
+
+from .lm import LMTask  # noqa: E402  (LMTask implements the protocol above)
