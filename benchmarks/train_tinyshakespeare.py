@@ -1,0 +1,182 @@
+"""Train ``vanilla-small`` on tinyshakespeare (byte level) for a fixed CPU time budget.
+
+Reports validation bits per character (byte) on the whole validation split and training
+tokens/s, and writes JSON lines with the environment to ``OUT/results.jsonl`` (the trainer's
+per-step records go to ``OUT/metrics.jsonl``). The cosine schedule needs a length: unless
+``--steps`` is given, a throwaway copy of the model is timed for a few steps first and the
+schedule is sized to fill the budget.
+
+    python benchmarks/train_tinyshakespeare.py                      # 600 s, the published figure
+    python benchmarks/train_tinyshakespeare.py --time-budget 120    # a quick check
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from effiformer import create_model
+from effiformer.data import load_corpus
+from effiformer.tasks import LMTask
+from effiformer.train import TrainConfig, train
+
+DEFAULT_DATA = "/work/shared/data/tinyshakespeare/input.txt"
+
+
+def _git_sha() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def _environment() -> dict:
+    return {
+        "kind": "environment",
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "device": "cpu",
+        "git_sha": _git_sha(),
+        "loadavg": os.getloadavg() if hasattr(os, "getloadavg") else None,
+    }
+
+
+def _calibrate(args: argparse.Namespace, corpus) -> float:
+    """Seconds per optimiser step of a throwaway model (3 warm-up steps, then 5 timed)."""
+    torch.manual_seed(args.seed)
+    model = create_model(args.model, vocab_size=corpus.vocab.size)
+    task = LMTask(corpus, batch_size=args.batch, seq_len=args.seq_len, seed=args.seed)
+    batches = task.train_batches(model, 0, 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    times = []
+    for i in range(8):
+        t0 = time.perf_counter()
+        batch = next(batches)
+        out = task.forward(model, batch, None)
+        out.total_loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if i >= 3:
+            times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--data", default=DEFAULT_DATA, help="tinyshakespeare input.txt")
+    p.add_argument("--model", default="vanilla-small")
+    p.add_argument("--time-budget", type=float, default=600.0, help="seconds (default 600)")
+    p.add_argument("--steps", type=int, help="schedule length (default: calibrated to the budget)")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--eval-every", type=int, default=200)
+    p.add_argument("--eval-tokens", type=int, default=16384, help="tokens per periodic eval")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="benchmarks/out/train_tinyshakespeare")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    out = Path(args.out)
+    if out.exists():
+        raise SystemExit(f"{out} exists; remove it or pass another --out")
+    corpus = load_corpus(args.data, "text")
+    steps = args.steps
+    if steps is None:
+        sec = _calibrate(args, corpus)
+        n_evals = args.time_budget / max(sec, 1e-3) / args.eval_every
+        eval_overhead = 0.05 * args.time_budget if n_evals >= 1 else 0.0
+        steps = max(args.warmup + 1, int((args.time_budget - eval_overhead) / sec))
+        print(f"calibrated: {sec:.3f} s/step -> schedule of {steps} steps", file=sys.stderr)
+
+    torch.manual_seed(args.seed)
+    model = create_model(args.model, vocab_size=corpus.vocab.size)
+    task = LMTask(
+        corpus,
+        batch_size=args.batch,
+        seq_len=args.seq_len,
+        seed=args.seed,
+        eval_tokens=args.eval_tokens,
+    )
+    config = TrainConfig(
+        steps=steps,
+        lr=args.lr,
+        warmup=args.warmup,
+        time_budget=args.time_budget,
+        eval_every=args.eval_every,
+        device="cpu",
+        seed=args.seed,
+        out_dir=str(out),
+        model_name=args.model,
+        progress=not args.no_progress,
+    )
+    env = _environment()
+    t0 = time.monotonic()
+    history = train(model, task, config)
+    train_seconds = time.monotonic() - t0
+    # Final score on the whole validation split (the periodic ones are capped).
+    task.eval_tokens = None
+    final = task.evaluate(model, "valid")
+    tok_s = [r["tokens_per_s"] for r in history.train[10:]] or [0.0]
+    result = {
+        "kind": "result",
+        "benchmark": "train_tinyshakespeare",
+        "command": " ".join([sys.executable, *sys.argv]),
+        "model": args.model,
+        "params": sum(p.numel() for p in model.parameters()),
+        "corpus": corpus.name,
+        "fingerprint": corpus.fingerprint,
+        "batch": args.batch,
+        "seq_len": args.seq_len,
+        "lr": args.lr,
+        "warmup": args.warmup,
+        "schedule_steps": steps,
+        "steps": history.step,
+        "stop_reason": history.stop_reason,
+        "train_seconds": train_seconds,
+        "tokens_seen": history.step * args.batch * args.seq_len,
+        "tokens_per_s_median": sorted(tok_s)[len(tok_s) // 2],
+        "tokens_per_s_overall": history.step * args.batch * args.seq_len / train_seconds,
+        "val_bpc": final["bpc"],
+        "val_tokens": final["tokens"],
+        "final_train_loss": history.train[-1]["loss"] if history.train else None,
+        "loadavg_end": os.getloadavg() if hasattr(os, "getloadavg") else None,
+    }
+    with open(out / "results.jsonl", "a") as f:
+        f.write(json.dumps(env) + "\n")
+        f.write(json.dumps(result) + "\n")
+    print(json.dumps(result))
+    print(
+        f"{args.model}: val bpc {final['bpc']:.3f} on {final['tokens']} tokens after "
+        f"{history.step} steps ({result['tokens_seen']:,} tokens) in {train_seconds:.0f} s; "
+        f"{result['tokens_per_s_median']:,.0f} tokens/s (median step)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
