@@ -1,0 +1,434 @@
+"""Transformer-XL: a causal language model with segment-level recurrence and relative positions.
+
+Dai, Yang, Yang, Carbonell, Le, Salakhutdinov 2019, "Transformer-XL: Attentive Language Models
+Beyond a Fixed-Length Context", arXiv 1901.02860.
+
+Implemented:
+
+- Sec. 3.2, segment-level recurrence: for every layer n the memory for the next segment is the
+  last ``mem_len`` states of ``concat(memory, input to layer n)``, detached (layer 0's memory holds
+  the embeddings after dropout). Queries come from the current segment, keys and values from
+  ``concat(memory, segment)``. The memory is an explicit input and output of ``forward``:
+  ``forward(input_ids, state=memories)`` returns ``ModelOutput.state`` = the next memories (a tuple
+  of n_layers detached (B, M, D) tensors). ``init_state`` returns zero-length memories, as the
+  official PyTorch code does, so the first segment sees no memory.
+- Sec. 3.3, relative positional attention (:mod:`effiformer.attention.relative_xl`) with the
+  shift trick. ``R`` is the [sin | cos] sinusoid over the distances ``klen-1 ... 0``, computed once
+  per forward here, clamped at ``clamp_len`` and passed through dropout (``positions``). ``u``/``v``
+  are shared across layers (official PyTorch default) or per layer with ``untie_r`` (TF SOTA
+  scripts, HF default).
+- Sec. 3.3 "complete algorithm": post-LN blocks (``norm_first=False``, default) with a ReLU FFN,
+  embeddings scaled by sqrt(dim), dropout on embeddings, R, attention weights (``attn_dropout``,
+  ``dropatt``) and every residual branch, and on the last hidden state before the softmax.
+- Adaptive input and adaptive softmax (:mod:`effiformer.layers.adaptive`) with ``cutoffs``,
+  ``div_val``, tied embeddings and projections, for the word-level corpora.
+- ``same_length``: every query sees the same number of keys. We use the **TF convention**
+  (``tf/model.py``): a query sees keys at distance ``0 ... mem_len``, i.e. itself plus ``mem_len``
+  earlier states, ``mem_len + 1`` keys once the memory is full; the PyTorch code shows one fewer
+  (``mem_len`` keys, HF PR #14832). We take TF's because the paper's SOTA numbers come from the TF
+  scripts and because it is the window the first query of a full-memory segment already has. The
+  window is measured with the configured ``mem_len`` (as the PyTorch code does), so segments that
+  start with a short memory still see a full window where one exists.
+- Evaluation with a longer memory and shorter segments than training: ``mem_len``, ``seq_len``,
+  ``clamp_len``, ``same_length`` and the dropouts change no weights; :func:`reconfigure` builds the
+  same model with other values of those fields and loads the same state dict.
+- Generation with memory (:func:`generate`): the prompt is fed as segments, then every new token
+  is a 1-token segment against the memory, so the cost per token depends on ``mem_len`` only.
+
+Output: ``ModelOutput(logits, loss, hidden, state, aux={})``. ``loss`` is the mean negative
+log-likelihood in nats per target token (targets equal to -100 are ignored). Without adaptive
+softmax ``logits`` are (B, T, V). With adaptive softmax the loss is computed from the tails the
+targets need and ``logits`` is ``None`` when ``targets`` are given; without targets it is the full
+(B, T, V) log-probability tensor (valid logits: their softmax is the model's distribution).
+
+Deviations: no ``ext_len`` (always 0 in the official scripts), so the official ``_update_mems``
+argument swap (qlen/mlen, issues #59/#118) cannot arise. With ``norm_first`` a final LayerNorm is
+applied after the last block (the official pre-LN variant has none). Separate q/k/v projections
+instead of one fused ``qkv_net`` (same function).
+
+Registered: ``xl-tiny``, ``xl-small``, ``xl-enwik8-base``, ``xl-enwik8-large``, ``xl-wt103-base``,
+``xl-wt103-large`` (the official ``run_*.sh`` / ``tf/sota/*.sh`` sizes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..attention import AttentionMask
+from ..attention.relative_xl import RelativePositions, RelativeXLAttention
+from ..config import ConfigError, ModelConfig, replace_config
+from ..layers import FeedForward, TransformerBlock, sinusoid_table
+from ..layers.adaptive import AdaptiveInput, AdaptiveLogSoftmax, check_cutoffs
+from ..layers.memory import update_memory
+from ..registry import build_model, register_family, register_model
+from .base import IGNORE_INDEX, EffiModel, ModelOutput, lm_loss
+
+__all__ = ["XLConfig", "TransformerXL", "build_xl", "generate", "reconfigure", "RUNTIME_FIELDS"]
+
+#: Config fields that change no weight: a trained model can be rebuilt with other values.
+RUNTIME_FIELDS = frozenset(
+    {"mem_len", "seq_len", "clamp_len", "same_length", "dropout", "attn_dropout"}
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class XLConfig(ModelConfig):
+    """Transformer-XL.
+
+    ``seq_len``: the segment length (``tgt_len``), the longest input one forward accepts;
+    ``mem_len``: memory states per layer; ``clamp_len``: distances above it share one encoding
+    (``None``: no clamping); ``same_length``: every query sees ``mem_len + 1`` keys (TF
+    convention); ``untie_r``: per-layer u/v; ``norm_first``: pre-LN (default post-LN as in the
+    paper); ``adaptive``: adaptive input + softmax with ``cutoffs`` and ``div_val``;
+    ``embed_dim``: width of the head cluster's embedding (default ``dim``); ``tie_embeddings``:
+    softmax weights are the input embeddings; ``tie_projs``: tail projections shared too;
+    ``dropout`` / ``attn_dropout``: ``dropout`` / ``dropatt`` of the official scripts.
+    """
+
+    family = "xl"
+
+    clamp_len: int | None = None
+    same_length: bool = False
+    untie_r: bool = False
+    norm_first: bool = False
+    adaptive: bool = False
+    cutoffs: tuple[int, ...] = ()
+    div_val: int = 1
+    embed_dim: int | None = None
+    tie_embeddings: bool = True
+    tie_projs: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.causal:
+            raise ConfigError("causal must be True: Transformer-XL is a causal language model")
+        if self.dim % 2:
+            raise ConfigError(f"dim must be even for the sinusoid R, got {self.dim}")
+        if self.clamp_len is not None and (
+            isinstance(self.clamp_len, bool)
+            or not isinstance(self.clamp_len, int)
+            or self.clamp_len < 0
+        ):
+            raise ConfigError(f"clamp_len must be None or an int >= 0, got {self.clamp_len!r}")
+        if self.same_length and self._window() == 0:
+            raise ConfigError("same_length needs mem_len > 0 (each query would see only itself)")
+        if self.embed_dim is None:
+            object.__setattr__(self, "embed_dim", self.dim)
+        self._check_positive("embed_dim")
+        self._check_positive("div_val")
+        object.__setattr__(self, "cutoffs", tuple(self.cutoffs))
+        if self.adaptive:
+            if not self.cutoffs:
+                raise ConfigError("cutoffs must be non-empty when adaptive=True")
+            try:
+                check_cutoffs(self.cutoffs, self.vocab_size)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+            if self.embed_dim // self.div_val ** len(self.cutoffs) < 1:
+                raise ConfigError(
+                    f"div_val={self.div_val} leaves the last cluster no embedding dimensions "
+                    f"(embed_dim={self.embed_dim}, {len(self.cutoffs)} tail clusters)"
+                )
+        elif self.cutoffs or self.div_val != 1:
+            raise ConfigError(
+                f"cutoffs={self.cutoffs} and div_val={self.div_val} need adaptive=True "
+                "(set adaptive=True, or cutoffs=() and div_val=1)"
+            )
+
+    def _window(self) -> int:
+        """Total memory a query can reach beyond itself (``same_length`` window)."""
+        return self.mem_len
+
+
+class TransformerXL(EffiModel):
+    """Adaptive input -> N relative-attention blocks with memory -> adaptive softmax.
+
+    forward(input_ids (B, T), *, targets (B, T) | None, state) -> ModelOutput; ``state`` is the
+    tuple of per-layer memories from the previous call (None: :meth:`init_state`).
+    """
+
+    def __init__(self, config: XLConfig) -> None:
+        super().__init__()
+        self.config = c = config
+        self.embed = AdaptiveInput(
+            c.vocab_size, c.embed_dim, c.dim, cutoffs=c.cutoffs, div_val=c.div_val
+        )
+        self.drop = nn.Dropout(c.dropout)
+        if c.untie_r:
+            self.register_parameter("u_bias", None)
+            self.register_parameter("v_bias", None)
+        else:  # shared by every layer, passed through positions
+            self.u_bias = nn.Parameter(torch.empty(c.n_heads, c.head_dim))
+            self.v_bias = nn.Parameter(torch.empty(c.n_heads, c.head_dim))
+            nn.init.normal_(self.u_bias, std=0.02)
+            nn.init.normal_(self.v_bias, std=0.02)
+        self.blocks = nn.ModuleList(
+            TransformerBlock(
+                c.dim,
+                RelativeXLAttention(
+                    c.dim, c.n_heads, c.head_dim, dropout=c.attn_dropout, own_biases=c.untie_r
+                ),
+                FeedForward(c.dim, c.ffn_dim, activation="relu", dropout=c.dropout),
+                norm_first=c.norm_first,
+                dropout=c.dropout,
+            )
+            for _ in range(c.n_layers)
+        )
+        self.final_norm = nn.LayerNorm(c.dim) if c.norm_first else nn.Identity()
+        for name, p in self.blocks.named_parameters():
+            if "norm" in name:
+                continue
+            if p.dim() >= 2:
+                nn.init.normal_(p, std=0.02)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+        self.softmax = AdaptiveLogSoftmax(
+            c.vocab_size,
+            c.embed_dim,
+            c.dim,
+            cutoffs=c.cutoffs,
+            div_val=c.div_val,
+            tie_to=self.embed if c.tie_embeddings else None,
+            tie_projs=c.tie_projs,
+        )
+
+    # ---- state -------------------------------------------------------------------------------
+
+    def _param_dtype(self) -> torch.dtype:
+        return self.blocks[0].attn.q_proj.weight.dtype
+
+    def init_state(self, batch_size: int, device: torch.device | str | None = None) -> Any:
+        """Zero-length memories: a tuple of n_layers (B, 0, D) tensors."""
+        c = self.config
+        return tuple(
+            torch.zeros(batch_size, 0, c.dim, device=device, dtype=self._param_dtype())
+            for _ in range(c.n_layers)
+        )
+
+    def _check_state(self, state: Any, batch_size: int, ref: Tensor) -> Any:
+        c = self.config
+        if not isinstance(state, (tuple, list)) or len(state) != c.n_layers:
+            raise ValueError(
+                f"state must be a tuple of {c.n_layers} memories (B, M, {c.dim}) from "
+                "init_state() or a previous output's .state"
+            )
+        m = None
+        for i, mem in enumerate(state):
+            if not isinstance(mem, Tensor) or mem.dim() != 3:
+                raise ValueError(f"state[{i}] must be a (B, M, {c.dim}) tensor")
+            if mem.shape[0] != batch_size or mem.shape[2] != c.dim:
+                raise ValueError(
+                    f"state[{i}] must be (B={batch_size}, M, D={c.dim}), got {tuple(mem.shape)}"
+                )
+            if m is not None and mem.shape[1] != m:
+                raise ValueError("every layer's memory in state must have the same length M")
+            if mem.dtype != ref.dtype or mem.device != ref.device:
+                raise ValueError(
+                    f"state[{i}] must be {ref.dtype} on {ref.device}, got {mem.dtype} on "
+                    f"{mem.device}"
+                )
+            m = mem.shape[1]
+        return tuple(state)
+
+    # ---- forward -----------------------------------------------------------------------------
+
+    def _positions(self, klen: int, ref: Tensor) -> RelativePositions:
+        c = self.config
+        dist = torch.arange(klen - 1, -1, -1, device=ref.device)  # (Tk,): klen-1 ... 0
+        if c.clamp_len is not None:
+            dist = dist.clamp(max=c.clamp_len)
+        r = self.drop(sinusoid_table(dist, c.dim).to(ref.dtype))  # (Tk, D)
+        return RelativePositions(
+            r=r,
+            u=self.u_bias,
+            v=self.v_bias,
+            max_distance=c._window() if c.same_length else None,
+        )
+
+    def _layers(self, x: Tensor, state: Any) -> tuple[Tensor, Any, dict[str, Tensor]]:
+        """x: (B, T, D) embeddings -> (last hidden (B, T, D), next memories, aux losses)."""
+        mlen = state[0].shape[1] if len(state) else 0
+        positions = self._positions(mlen + x.shape[1], x)
+        mask = AttentionMask(causal=True)
+        new_state = []
+        for block, mem in zip(self.blocks, state):
+            new_state.append(update_memory(mem, x, self.config.mem_len))  # from the layer input
+            kv = torch.cat([mem, x], dim=1)  # (B, M + T, D)
+            x = block(x, kv=kv, mask=mask, positions=positions).out
+        return x, tuple(new_state), {}
+
+    def forward(
+        self, input_ids: Tensor, *, targets: Tensor | None = None, state: Any = None
+    ) -> ModelOutput:
+        self.check_input_ids(input_ids)
+        b = input_ids.shape[0]
+        x = self.drop(self.embed(input_ids))  # (B, T, D)
+        state = self.init_state(b, x.device) if state is None else self._check_state(state, b, x)
+        x, new_state, aux = self._layers(x, state)
+        h = self.final_norm(x)  # (B, T, D)
+        hd = self.drop(h).reshape(-1, h.shape[-1])  # (B*T, D)
+        logits = loss = None
+        if targets is not None:
+            self.check_targets(targets, input_ids)
+        if not self.config.adaptive:
+            logits = self.softmax.logits(hd).view(*input_ids.shape, -1)  # (B, T, V)
+            if targets is not None:
+                loss = lm_loss(logits, targets)
+        elif targets is None:
+            logits = self.softmax.log_prob(hd).view(*input_ids.shape, -1)  # (B, T, V)
+        else:
+            flat = targets.reshape(-1)
+            keep = flat != IGNORE_INDEX
+            loss = self.softmax.nll(hd[keep], flat[keep]).mean()
+        return ModelOutput(logits=logits, loss=loss, hidden=h, state=new_state, aux=aux)
+
+    def attention_part(self, x: Tensor) -> Tensor:
+        """Layer 0's relative attention on x (B, T, D) with no memory -> (B, T, D)."""
+        return (
+            self.blocks[0]
+            .attn(
+                x, kv=x, mask=AttentionMask(causal=True), positions=self._positions(x.shape[1], x)
+            )
+            .out
+        )
+
+
+def build_xl(config: XLConfig) -> TransformerXL:
+    return TransformerXL(config)
+
+
+def reconfigure(model: TransformerXL, **overrides: Any) -> TransformerXL:
+    """The same trained model with other runtime settings: a new model built from
+    ``replace_config(model.config, **overrides)`` holding the same weights (strict load).
+
+    Only fields that change no weight are accepted (:data:`RUNTIME_FIELDS`; Compressive adds
+    ``cmem_len``), e.g. evaluation with a longer memory and shorter segments::
+
+        eval_model = reconfigure(model, mem_len=1600, seq_len=128, clamp_len=1000,
+                                 same_length=True).eval()
+    """
+    allowed = getattr(type(model), "runtime_fields", RUNTIME_FIELDS)
+    bad = sorted(set(overrides) - allowed)
+    if bad:
+        raise ConfigError(
+            f"reconfigure changes only fields that hold no weights ({', '.join(sorted(allowed))});"
+            f" {', '.join(bad)} would change the weights: build a new model instead"
+        )
+    new = build_model(replace_config(model.config, **overrides))
+    ref = next(model.parameters())
+    new.to(device=ref.device, dtype=ref.dtype)
+    new.load_state_dict(model.state_dict(), strict=True)
+    new.train(model.training)
+    return new
+
+
+def _sample(logits: Tensor, temperature: float, top_k: int | None, generator: Any) -> Tensor:
+    """(B, V) -> (B,) token ids; temperature 0 = greedy."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = F.softmax(logits, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
+
+@torch.no_grad()
+def generate(
+    model: EffiModel,
+    prompt_ids: Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+    state: Any = None,
+) -> tuple[Tensor, Any]:
+    """Sample ``max_new_tokens`` after ``prompt_ids`` (B, T) with a recurrent-memory model.
+
+    The prompt is fed in segments of at most ``config.seq_len`` tokens; then every new token is
+    processed as a 1-token segment against the memory, so the cost per token is set by
+    ``mem_len`` (use ``reconfigure(model, mem_len=...)`` for the context you want), not by how
+    much has been generated. Put the model in eval mode first. Returns ``(ids (B, T + new),
+    final state)``; ``temperature=0`` decodes greedily.
+    """
+    if not isinstance(prompt_ids, Tensor) or prompt_ids.dim() != 2 or prompt_ids.shape[1] < 1:
+        raise ValueError("prompt_ids must be a (B, T) integer tensor with T >= 1")
+    if (
+        isinstance(max_new_tokens, bool)
+        or not isinstance(max_new_tokens, int)
+        or max_new_tokens < 0
+    ):
+        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    seg = model.config.seq_len
+    out = None
+    for start in range(0, prompt_ids.shape[1], seg):
+        out = model(prompt_ids[:, start : start + seg], state=state)
+        state = out.state
+    ids = [prompt_ids]
+    for i in range(max_new_tokens):
+        nxt = _sample(out.logits[:, -1], temperature, top_k, generator)  # (B,)
+        ids.append(nxt[:, None])
+        if i + 1 < max_new_tokens:
+            out = model(nxt[:, None], state=state)
+            state = out.state
+    return torch.cat(ids, dim=1), state
+
+
+register_family(XLConfig, build_xl)
+
+_WT103 = {"vocab_size": 267735, "adaptive": True, "cutoffs": (20000, 40000, 200000)}
+
+register_model(
+    "xl-tiny",
+    XLConfig(dim=64, n_heads=2, n_layers=2, ffn_dim=128, seq_len=32, mem_len=32, dropout=0.0),
+    "2 layers, d 64, byte vocab, tgt = mem = 32: for tests",
+)
+register_model(
+    "xl-small",
+    XLConfig(dim=256, n_heads=4, n_layers=4, ffn_dim=1024, seq_len=256, mem_len=256, dropout=0.1),
+    "4 layers, d 256, 4 heads, ffn 1024 (vanilla-small size), tgt = mem = 256",
+)
+register_model(
+    "xl-enwik8-base",
+    XLConfig(
+        dim=512, n_heads=8, head_dim=64, n_layers=12, ffn_dim=2048, seq_len=512, mem_len=512,
+        dropout=0.1, attn_dropout=0.0,
+    ),
+    "run_enwik8_base.sh: 12L d512 8x64 d_inner 2048, tgt = mem = 512 (eval tgt 80 mem 2100 "
+    "clamp 820 same_length)",
+)  # fmt: skip
+register_model(
+    "xl-enwik8-large",
+    XLConfig(
+        dim=1024, n_heads=8, head_dim=128, n_layers=24, ffn_dim=3072, seq_len=768, mem_len=768,
+        dropout=0.15, attn_dropout=0.15, untie_r=True,
+    ),
+    "tf/sota/enwik8.sh: 24L d1024 8x128 d_inner 3072, tgt = mem = 768, dropout 0.15, untie_r",
+)  # fmt: skip
+register_model(
+    "xl-wt103-base",
+    XLConfig(
+        dim=410, n_heads=10, head_dim=41, n_layers=16, ffn_dim=2100, seq_len=150, mem_len=150,
+        dropout=0.1, attn_dropout=0.0, div_val=1, **_WT103,
+    ),
+    "run_wt103_base.sh: 16L d410 10x41 d_inner 2100, adaptive 20k/40k/200k div_val 1, "
+    "tgt = mem = 150",
+)  # fmt: skip
+register_model(
+    "xl-wt103-large",
+    XLConfig(
+        dim=1024, n_heads=16, head_dim=64, n_layers=18, ffn_dim=4096, seq_len=384, mem_len=384,
+        dropout=0.2, attn_dropout=0.2, div_val=4, untie_r=True, **_WT103,
+    ),
+    "tf/sota/wt103.sh: 18L d1024 16x64 d_inner 4096, adaptive div_val 4, untie_r, "
+    "tgt = mem = 384",
+)  # fmt: skip
