@@ -25,18 +25,32 @@ with the smallest ``sha256("<#1 ID>-<#2 ID>")``; train is the other 3,668 pairs,
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import inspect
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
+import torch
+from torch import Tensor, nn
+
+from ..data.tokenizer import SubwordTokenizer
+from ..layers.heads import SequenceClassificationHead, sequence_classification_loss
+from ..models.base import EffiModel, ModelOutput
+from . import Batch
 
 __all__ = [
     "GLUE_TASKS",
+    "GlueTask",
+    "SequenceClassifier",
+    "classifier_from_pretrained",
+    "load_classifier",
     "GlueError",
     "GlueExample",
     "GlueSpec",
@@ -430,3 +444,347 @@ def glue_metrics(
     """Every metric of ``task`` (headline first): class ids for classification, scores for STS-B."""
     spec = _spec(task)
     return {m: _METRICS[m](np.asarray(pred), np.asarray(target)) for m in spec.metrics}
+
+
+# --------------------------------------------------------------------------------------------
+# Models: a classifier from a pretrained encoder
+# --------------------------------------------------------------------------------------------
+
+
+class SequenceClassifier(EffiModel):
+    """A GLUE head on any encoder whose forward returns ``ModelOutput.hidden`` (B, T, D), e.g. the
+    dense :class:`~effiformer.models.Transformer` with ``causal=False``: hidden[:, 0] ([CLS]) ->
+    :class:`~effiformer.layers.heads.SequenceClassificationHead`. The encoder's own output head
+    (its tied MLM head) still runs and is ignored.
+
+    forward(input_ids (B, T), *, labels (B,) | None, attention_mask (B, T) | None,
+    token_type_ids: ignored, the dense encoder has no segment embedding)
+    -> ModelOutput(logits (B, n_labels), loss, hidden (B, T, D)).
+    """
+
+    def __init__(self, encoder: nn.Module, n_labels: int) -> None:
+        super().__init__()
+        config = getattr(encoder, "config", None)
+        if config is None:
+            raise TypeError(f"encoder must carry a .config, got {type(encoder).__name__}")
+        if getattr(config, "causal", False):
+            raise ValueError("a GLUE classifier needs a bidirectional encoder (causal=False)")
+        self.config, self.n_labels = config, n_labels
+        self.encoder = encoder
+        self.head = SequenceClassificationHead(config.dim, n_labels, dropout=config.dropout)
+        for p in self.head.parameters():
+            if p.dim() >= 2:
+                nn.init.normal_(p, std=0.02)
+            else:
+                nn.init.zeros_(p)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        *,
+        labels: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+    ) -> ModelOutput:
+        h = self.encoder(input_ids, attention_mask=attention_mask).hidden  # (B, T, D)
+        logits = self.head(h)  # (B, n_labels)
+        loss = None if labels is None else sequence_classification_loss(logits, labels)
+        return ModelOutput(logits=logits, loss=loss, hidden=h)
+
+
+def classifier_from_pretrained(model: nn.Module, n_labels: int) -> nn.Module:
+    """A sequence classifier initialised from a pretrained model.
+
+    :class:`~effiformer.models.funnel.FunnelForMaskedLM` -> encoder-only
+    :class:`~effiformer.models.funnel.FunnelForSequenceClassification` with the pretrained
+    encoder weights (the decoder and MLM head are dropped, paper sec. 4);
+    :class:`~effiformer.models.funnel.FunnelElectra` -> the same from the discriminator's encoder;
+    any other encoder -> :class:`SequenceClassifier` around it (weights shared, not copied).
+    The new head is freshly initialised.
+    """
+    from ..models.funnel import FunnelElectra, FunnelForMaskedLM, FunnelForSequenceClassification
+
+    if isinstance(model, FunnelForMaskedLM | FunnelElectra):
+        source = model.funnel if isinstance(model, FunnelForMaskedLM) else model.discriminator
+        clf = FunnelForSequenceClassification(model.config, n_labels)
+        clf.funnel.encoder.load_state_dict(source.encoder.state_dict())
+        return clf
+    return SequenceClassifier(model, n_labels)
+
+
+def _head_kind(model: nn.Module) -> str | None:
+    """How :func:`load_classifier` rebuilds ``model``: "funnel", "encoder", or None (unknown)."""
+    from ..models.funnel import FunnelForSequenceClassification
+
+    if isinstance(model, FunnelForSequenceClassification):
+        return "funnel"
+    if isinstance(model, SequenceClassifier):
+        return "encoder"
+    return None
+
+
+def load_classifier(directory: PathLike) -> tuple[nn.Module, dict[str, Any]]:
+    """The fine-tuned classifier of a GLUE training checkpoint (run or checkpoint directory)
+    and the checkpoint's meta (``meta["task"]`` is :meth:`GlueTask.describe`)."""
+    from safetensors.torch import load_model as st_load_model
+
+    from ..checkpoint import WEIGHTS, CheckpointError, load_config
+    from ..models.funnel import FunnelForSequenceClassification
+    from ..registry import build_model
+    from ..train import META as META_NAME
+    from ..train import resolve_checkpoint, verify_checkpoint
+
+    d = resolve_checkpoint(directory)
+    meta = verify_checkpoint(d)
+    task = meta.get("task") or {}
+    if not str(task.get("task", "")).startswith("glue-"):
+        raise CheckpointError(f"{d} is not a GLUE fine-tuning checkpoint (task {task.get('task')})")
+    config = load_config(d)
+    n_labels = int(task["n_labels"])
+    if task.get("head") == "funnel":
+        model: nn.Module = FunnelForSequenceClassification(config, n_labels)
+    elif task.get("head") == "encoder":
+        model = SequenceClassifier(build_model(config), n_labels)
+    else:
+        raise CheckpointError(f"{d}: unknown classifier kind {task.get('head')!r} in {META_NAME}")
+    missing, unexpected = st_load_model(model, d / WEIGHTS, strict=False)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{d / WEIGHTS} does not match a {task.get('head')} classifier: missing "
+            f"{sorted(missing)[:8]}, unexpected {sorted(unexpected)[:8]}"
+        )
+    meta["path"] = str(d)
+    return model, meta
+
+
+# --------------------------------------------------------------------------------------------
+# Task
+# --------------------------------------------------------------------------------------------
+
+
+def _accepts(model: nn.Module, name: str) -> bool:
+    try:
+        return name in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+class GlueTask:
+    """Fine-tuning and evaluation on one GLUE task, for :func:`effiformer.train.train`.
+
+    ``task``: ``sst2 | cola | rte | mrpc | stsb``; ``data_dir``: the task's folder; ``tokenizer``:
+    the pretraining tokenizer. Training batches: ``batch_size`` examples in a fresh shuffled
+    order each epoch (deterministic from ``(seed, epoch)``; the last partial batch of an epoch is
+    dropped), encoded as ``[CLS] a [SEP] (b [SEP])`` truncated to ``max_len`` and padded to the
+    longest row. Labels: int class ids (cross-entropy) or float scores (STS-B, MSE). Evaluation
+    splits: ``valid``/``dev`` (the dev set), ``train``, and ``test`` where labels exist (MRPC).
+    ``max_train_examples``: train on only the first N examples (None: all).
+    """
+
+    def __init__(
+        self,
+        task: str,
+        data_dir: PathLike,
+        tokenizer: SubwordTokenizer,
+        *,
+        max_len: int = 128,
+        batch_size: int = 32,
+        seed: int = 0,
+        eval_batch_size: int = 64,
+        max_train_examples: int | None = None,
+    ) -> None:
+        self.spec = _spec(task)
+        if not isinstance(tokenizer, SubwordTokenizer):
+            raise TypeError(f"tokenizer must be a SubwordTokenizer, got {type(tokenizer).__name__}")
+        for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"seed must be an int, got {seed!r}")
+        self.data_dir = Path(data_dir)
+        self.tokenizer = tokenizer
+        self.max_len = max_len
+        self.batch_size = batch_size
+        self.seed = seed
+        self.eval_batch_size = eval_batch_size
+        self.max_train_examples = max_train_examples
+        self.metric_name = self.spec.metric_name
+        self._examples: dict[str, list[GlueExample]] = {}
+        train = self.examples("train")
+        if max_train_examples is not None:
+            train = train[:max_train_examples]
+            self._examples["train"] = train
+        if len(train) < batch_size:
+            raise ValueError(
+                f"GLUE {self.spec.name} has {len(train)} training examples, fewer than "
+                f"batch_size={batch_size}"
+            )
+        h = hashlib.sha256(tokenizer._tok.to_str().encode())
+        for ex in train:
+            h.update(f"{ex.text_a}\t{ex.text_b}\t{ex.label}\n".encode())
+        self.fingerprint = h.hexdigest()[:16]
+        self._epoch = 0
+        self._position = 0
+        self.head: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"glue-{self.spec.name}"
+
+    def examples(self, split: str) -> list[GlueExample]:
+        split = "dev" if split == "valid" else split
+        if split not in self._examples:
+            self._examples[split] = read_glue(self.spec.name, self.data_dir, split)
+        return self._examples[split]
+
+    def encode(self, examples: Sequence[GlueExample]) -> Batch:
+        """``input_ids``, ``token_type_ids``, ``attention_mask`` (B, T) and ``labels`` (B,)."""
+        enc = self.tokenizer.encode(
+            [ex.text_a for ex in examples],
+            None if not self.spec.pair else [ex.text_b or "" for ex in examples],
+            max_len=self.max_len,
+            padding="longest",
+        )
+        dtype = torch.float32 if self.spec.kind == "regression" else torch.int64
+        labels = torch.tensor([ex.label for ex in examples], dtype=dtype)  # (B,)
+        return Batch(
+            {
+                "input_ids": enc.input_ids,
+                "token_type_ids": enc.token_type_ids,
+                "attention_mask": enc.attention_mask,
+                "labels": labels,
+            }
+        )
+
+    def _permutation(self, epoch: int) -> Tensor:
+        digest = hashlib.sha256(f"glue:{self.spec.name}:{self.seed}:{epoch}".encode()).digest()
+        gen = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+        return torch.randperm(len(self.examples("train")), generator=gen)
+
+    def _check_model(self, model: nn.Module) -> None:
+        n_labels = getattr(model, "n_labels", None)
+        if n_labels is not None and n_labels != self.spec.num_labels:
+            raise ValueError(
+                f"GLUE {self.spec.name} needs {self.spec.num_labels} output(s), the model has "
+                f"n_labels={n_labels}"
+            )
+        config = getattr(model, "config", None)
+        if config is not None and config.vocab_size < self.tokenizer.vocab_size:
+            raise ValueError(
+                f"the tokenizer has {self.tokenizer.vocab_size} ids but the model's vocab_size is "
+                f"{config.vocab_size}"
+            )
+        if config is not None and self.max_len > config.seq_len:
+            raise ValueError(f"max_len={self.max_len} exceeds the model's seq_len={config.seq_len}")
+
+    def train_batches(self, model: nn.Module, rank: int = 0, world: int = 1) -> Iterator[Batch]:
+        self._check_model(model)
+        self.head = _head_kind(model)  # recorded in checkpoints (describe) for load_classifier
+        if self.batch_size % world:
+            raise ValueError(
+                f"batch_size={self.batch_size} is not divisible by the number of processes "
+                f"({world})"
+            )
+        train = self.examples("train")
+        per_epoch = len(train) // self.batch_size
+        rows = self.batch_size // world
+        lo = rank * rows
+
+        def _iterate() -> Iterator[Batch]:
+            while True:
+                perm = self._permutation(self._epoch)
+                while self._position < per_epoch:
+                    i = self._position * self.batch_size
+                    idx = perm[i : i + self.batch_size].tolist()
+                    self._position += 1
+                    batch = self.encode([train[j] for j in idx])  # the global batch
+                    yield Batch({k: v[lo : lo + rows] for k, v in batch.data.items()})
+                self._epoch, self._position = self._epoch + 1, 0
+
+        return _iterate()
+
+    def forward(self, model: nn.Module, batch: Batch, state: Any = None) -> ModelOutput:
+        d = batch.data
+        kwargs = {"labels": d["labels"], "attention_mask": d["attention_mask"]}
+        if _accepts(model, "token_type_ids"):
+            kwargs["token_type_ids"] = d["token_type_ids"]
+        return model(d["input_ids"], **kwargs)
+
+    @torch.no_grad()
+    def predict(
+        self,
+        model: nn.Module,
+        split: str = "valid",
+        *,
+        device: torch.device | str = "cpu",
+        autocast: AbstractContextManager | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, float]:
+        """``(predictions, targets, mean loss)`` over ``split``: class ids, or scores (STS-B)."""
+        examples = self.examples(split)
+        was_training = model.training
+        model.eval()
+        preds, total = [], 0.0
+        try:
+            for i in range(0, len(examples), self.eval_batch_size):
+                batch = self.encode(examples[i : i + self.eval_batch_size]).to(device)
+                with autocast if autocast is not None else contextlib.nullcontext():
+                    out = self.forward(model, batch)
+                logits = out.logits.float()
+                total += float(out.loss.double()) * batch.rows
+                if self.spec.kind == "regression":
+                    preds.append(logits.squeeze(-1).cpu().numpy())
+                else:
+                    preds.append(logits.argmax(-1).cpu().numpy())
+        finally:
+            model.train(was_training)
+        target = np.array([ex.label for ex in examples])
+        return np.concatenate(preds), target, total / len(examples)
+
+    def evaluate(
+        self,
+        model: nn.Module,
+        split: str = "valid",
+        *,
+        device: torch.device | str = "cpu",
+        autocast: AbstractContextManager | None = None,
+    ) -> dict[str, float]:
+        """Every metric of the task (headline first), ``loss`` and ``examples`` over ``split``."""
+        pred, target, loss = self.predict(model, split, device=device, autocast=autocast)
+        return {**glue_metrics(self.spec.name, pred, target), "loss": loss, "examples": len(target)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"fingerprint": self.fingerprint, "epoch": self._epoch, "position": self._position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("fingerprint") != self.fingerprint:
+            raise ValueError(
+                f"the saved data position is for GLUE data with fingerprint "
+                f"{state.get('fingerprint')!r}, this task's is {self.fingerprint!r}; resume on "
+                "the same task, data and tokenizer"
+            )
+        self._epoch, self._position = int(state["epoch"]), int(state["position"])
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "task": self.name,
+            "data": str(self.data_dir.resolve()),
+            "fingerprint": self.fingerprint,
+            "metric": self.metric_name,
+            "n_labels": self.spec.num_labels,
+            "max_len": self.max_len,
+            "batch_size": self.batch_size,
+            "seed": self.seed,
+            "eval_batch_size": self.eval_batch_size,
+            "max_train_examples": self.max_train_examples,
+            "vocab_size": self.tokenizer.vocab_size,
+            "head": self.head,
+        }
+
+    def artifacts(self) -> dict[str, bytes]:
+        return {"tokenizer.json": self.tokenizer._tok.to_str(pretty=False).encode("utf-8")}
+
+    def __repr__(self) -> str:
+        return (
+            f"GlueTask({self.spec.name!r}, data={str(self.data_dir)!r}, batch_size="
+            f"{self.batch_size}, max_len={self.max_len}, seed={self.seed})"
+        )
