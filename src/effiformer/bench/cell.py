@@ -5,7 +5,8 @@ belongs to this cell alone. The order inside a cell:
 
 1. build the workload (model or reference, inputs) — never timed;
 2. with the ``maxrss`` fallback only: measure memory on the very first step (the high-water mark
-   cannot be reset, so it is read before any warm-up pushed it up);
+   cannot be reset, so it is read before any warm-up pushed it up): peak RSS after the step minus
+   peak RSS before it, a lower bound when something earlier in the process peaked higher;
 3. count FLOPs with ``torch.utils.flop_counter.FlopCounterMode`` on one forward and one
    forward+backward (these two passes double as the first warm-up);
 4. ``warmup`` more plain forward and forward+backward passes;
@@ -234,6 +235,12 @@ def _malloc_trim() -> None:
 
 
 def _maxrss_kib() -> float:
+    """This process's peak RSS in KiB: VmHWM when /proc is readable (its own address space, fresh
+    at exec), else ``getrusage`` ``ru_maxrss`` — which on Linux carries the parent's peak across
+    fork and exec, so the fallback then undercounts when the parent was larger than the cell."""
+    hwm = _status_kib("VmHWM")
+    if hwm is not None:
+        return float(hwm)
     import resource
 
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
