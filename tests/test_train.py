@@ -525,3 +525,11 @@ def test_two_process_ddp_follows_the_one_process_loss_curve(text_file, tmp_path,
     )
     torch.testing.assert_close(torch.tensor(val[1]), torch.tensor(val[0]), rtol=1e-5, atol=1e-6)
     assert verify_checkpoint(resolve_checkpoint(tmp_path / "two"))["world"] == 2
+
+
+def test_bf16_autocast_flag_on_cpu(corpus):
+    fp32 = train(_model(), _task(corpus), _cfg(steps=2))
+    bf16 = train(_model(), _task(corpus), _cfg(steps=2, bf16=True))
+    a, b = _losses(fp32), _losses(bf16)
+    torch.testing.assert_close(b, a, rtol=2e-2, atol=0)  # the same training ...
+    assert not torch.equal(a, b)  # ... computed in bfloat16

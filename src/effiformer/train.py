@@ -866,7 +866,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", help="auto | cpu | cuda | cuda:N (default auto)")
     p.add_argument(
         "--bf16",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
         default=None,
         help="bf16 autocast (default: on for CUDA with bf16, off on CPU)",
     )
