@@ -33,7 +33,12 @@ checkpoint is written into ``OUT/.step-00000100.tmp/``, renamed into place, and 
 ``OUT/latest`` (the name of the newest complete checkpoint) replaced atomically; older
 checkpoints beyond ``keep_checkpoints`` are removed after that. So a run killed at any moment
 leaves ``latest`` pointing at a complete checkpoint, and resuming from it on CPU reproduces the
-uninterrupted run's losses bitwise.
+uninterrupted run's losses bitwise (tested; a resume with another number of processes or
+another ``grad_accum`` is allowed but restarts RNG / recurrent state, with a warning).
+
+``effiformer eval`` refuses a corpus whose fingerprint differs from the one recorded at training
+(a clear error; ``--allow-other-corpus`` turns it into a warning), and always refuses a corpus
+whose vocabulary differs from the saved ``vocab.json``.
 """
 
 from __future__ import annotations
@@ -409,7 +414,8 @@ def _save_checkpoint(
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     save_model(module, tmp, name=config.model_name)
-    for fname, data in task.artifacts().items():
+    artifacts = getattr(task, "artifacts", None)
+    for fname, data in (artifacts() if artifacts is not None else {}).items():
         (tmp / fname).write_bytes(data)
     trainer_state = {
         "step": step,
@@ -430,7 +436,7 @@ def _save_checkpoint(
         "step": step,
         "world": d.world,
         "model_name": config.model_name,
-        "task": task.describe(),
+        "task": task.describe() if hasattr(task, "describe") else {},
         "torch": torch.__version__,
         "files": files,
     }
