@@ -326,3 +326,27 @@ def test_register_reference_validates(isolated_refs):
     assert ref in references.references_for("vanilla-tiny", "vanilla", "attention")
     assert ref not in references.references_for("vanilla-tiny", "vanilla", "model")
     assert ref not in references.references_for("x-tiny", "other", "attention")
+
+
+@pytest.mark.gpu
+def test_cuda_cells_run_with_allocator_peak(tmp_path, isolated_refs):
+    """Deselected by default (-m gpu): the CUDA path end to end, including the allocator peak."""
+    n = 256 * 2**20
+    (tmp_path / "p").mkdir()
+    with open(_plugin(tmp_path / "p", n)) as f:
+        source = f.read()
+    source = source.replace("torch.ones(N_BYTES // 4)", 'torch.ones(N_BYTES // 4, device="cuda")')
+    source = source.replace("torch.zeros(1, ", 'torch.zeros(1, device="cuda", ')
+    path = tmp_path / "cuda_plugin.py"
+    path.write_text(source)
+    result = run_bench(
+        ["vanilla-tiny"], lengths=[64], parts=("model", "attention"), refs=["sdpa", "test-alloc"],
+        plugins=[str(path)], device="cuda", dtype="bfloat16", out=tmp_path / "o", **FAST,
+    )  # fmt: skip
+    assert [r["status"] for r in result.records] == ["ok"] * 4, [
+        r["reason"] for r in result.records
+    ]
+    assert all(r["memory_method"] == "cuda_allocator" for r in result.records)
+    alloc = next(r for r in result.records if r["name"] == "test-alloc")
+    assert abs(alloc["peak_mib"] - 256) <= 25.6
+    assert result.records[0]["env"]["device"] == "cuda" and result.records[0]["flops_fwd"] > 0
