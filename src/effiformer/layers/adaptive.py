@@ -34,6 +34,11 @@ from torch import Tensor, nn
 __all__ = ["AdaptiveInput", "AdaptiveLogSoftmax", "check_cutoffs"]
 
 
+def _wide(dtype: torch.dtype) -> torch.dtype:
+    """float32 or wider: log-softmax is computed at least in float32 (float64 stays float64)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def check_cutoffs(cutoffs: tuple[int, ...], vocab_size: int) -> None:
     prev = 0
     for c in cutoffs:
@@ -207,7 +212,7 @@ class AdaptiveLogSoftmax(nn.Module):
         w, b, proj = self._cluster(0)
         w = torch.cat([w, self.cluster_weight], dim=0)
         b = torch.cat([b, self.cluster_bias], dim=0)
-        return F.log_softmax(self._logits(h, w, b, proj).float(), dim=-1)
+        return F.log_softmax(self._logits(h, w, b, proj).to(_wide(h.dtype)), dim=-1)
 
     def _check_hidden(self, h: Tensor) -> None:
         if h.dim() != 2 or h.shape[1] != self.dim:
@@ -227,7 +232,7 @@ class AdaptiveLogSoftmax(nn.Module):
         head = self._head_logprob(h)  # (N, shortlist + n_clusters)
         parts = [head[:, : self.shortlist]]
         for i in range(1, self.n_clusters + 1):
-            tail = F.log_softmax(self._logits(h, *self._cluster(i)).float(), dim=-1)  # (N, n_i)
+            tail = F.log_softmax(self._logits(h, *self._cluster(i)).to(_wide(h.dtype)), dim=-1)  # (N, n_i)
             parts.append(head[:, self.shortlist + i - 1, None] + tail)
         return torch.cat(parts, dim=-1)  # (N, V)
 
@@ -247,7 +252,7 @@ class AdaptiveLogSoftmax(nn.Module):
             idx = ((target >= lo) & (target < hi)).nonzero().squeeze(1)
             if idx.numel() == 0:
                 continue
-            tail = F.log_softmax(self._logits(h[idx], *self._cluster(i)).float(), dim=-1)
+            tail = F.log_softmax(self._logits(h[idx], *self._cluster(i)).to(_wide(h.dtype)), dim=-1)
             lp = (
                 head[idx, self.shortlist + i - 1]
                 + tail.gather(1, (target[idx] - lo)[:, None])[:, 0]
