@@ -307,6 +307,12 @@ def test_crashing_and_uninstalled_references_are_skipped(tmp_path, isolated_refs
     assert len(lines) == 3
 
 
+def test_list_refs(capsys):
+    assert main(["bench", "--list-refs"]) == 0
+    out = capsys.readouterr().out
+    assert "sdpa" in out and "torch-mha" in out and "torch-nn" in out and "available" in out
+
+
 def test_register_reference_validates(isolated_refs):
     def factory(spec):
         return lambda: torch.zeros(())

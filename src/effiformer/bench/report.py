@@ -99,7 +99,9 @@ def format_table(records: Sequence[Record]) -> str:
     lines.insert(1, "-" * max(len(line) for line in lines))
     lines.append(
         "x: ratio to the baseline of the same part, length and model (sdpa when it ran, else the "
-        "first row); MFU: FLOPs of fwd+bwd / time / measured matmul peak"
+        "first row).\nMFU: fwd+bwd FLOPs / time / measured matmul peak; causal attention is "
+        "counted in full (T x T, as PyTorch's FlopCounterMode and PaLM-style MFU count it), so a "
+        "causal kernel that skips masked blocks can exceed 100%."
     )
     return "\n".join(lines)
 
