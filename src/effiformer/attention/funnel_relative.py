@@ -11,34 +11,44 @@ attention with a token-type term), following the official code (laiguokun/Funnel
 
 u, v, w are ``r_w_bias``, ``r_r_bias``, ``r_s_bias`` (H, Dh); ``W_r`` is ``r_kernel``
 (D, H, Dh); ``seg_embed`` is (2, H, Dh) with index 0 = different, 1 = same segment; R is the
-[sin | cos] sinusoid of width D (the model width, not the head width), with dropout. The q
-projection has no bias; k, v and the output projection have biases. With ``cls_first`` the
-position and token-type terms are zeroed on row 0 and column 0 ([CLS]), the official
-``func_mask``; so [CLS] attends, and is attended to, by content only.
+[sin | cos] sinusoid of width D (the model width, not the head width). Two tokens are in the
+same segment when their token types match or either is [CLS] (type 2). The q projection has no
+bias; k, v and the output projection have biases. With ``cls_first`` the position and
+token-type terms are zeroed on row 0 and column 0 ([CLS]), the official ``func_mask``: [CLS]
+attends, and is attended to, by content only.
 
 The positional term has two equivalent forms (:class:`FunnelPositions`, ``kind``):
 
-- ``"relative_shift"`` (GPU form, the default): project the encodings of all distances the
-  layer can see once, ``(q+v)·W_r R_t`` for t over a descending distance table of length
-  ``Tk + shift*Tq`` (B, H, Tq, R), then read entry (i, j) at column ``shift*(Tq - i) + j``.
-  ``shift`` is 2 when pooled queries attend to unpooled keys, 1 otherwise. The shift is done
-  with reshapes and narrows that are all views (no copy of the (B, H, Tq, R) tensor).
-- ``"factorized"`` (TPU form): sin(a - b) and cos(a - b) expanded, query side [sin|sin] and
-  [cos|cos] times key side [cos|sin] and [-sin|cos]; costs D (not Dh) per query-key pair.
+- ``"relative_shift"`` (GPU form, the default): project the encodings of every distance the
+  layer can see, ``(q+v)·W_r R_t`` over a descending distance table of length ``Tk + shift*Tq``,
+  then read entry (i, j) at column ``shift*(Tq - i) + j``. ``shift`` is 2 when pooled queries
+  attend to unpooled keys, 1 otherwise. Sinusoid dropout acts on the distance table.
+- ``"factorized"`` (TPU form): sin(a - b) and cos(a - b) expanded into query-side and key-side
+  factors, [sin|sin], [cos|cos] against [cos|sin], [-sin|cos]; sinusoid dropout acts on the
+  query-side factors. It costs D (not Dh) per query-key pair.
 
 Funnel is bidirectional, so the distance table has both signs (Transformer-XL's causal shift
 would be wrong here).
 
-Computation: the position and token-type terms form one additive float bias (B, H, Tq, Tk).
-When no gradient is needed (inference) it is passed to the fused
-``F.scaled_dot_product_attention`` as ``attn_mask``. In training the bias needs a gradient,
-which the fused CPU kernels cannot give (PyTorch then falls back to its slower math path), so
-the scores are formed with one ``baddbmm`` (bias + q k^T) and a small custom autograd function
-does softmax -> dropout -> (P V), keeping only P and the dropout mask for the backward pass.
+How it is computed (:meth:`FunnelRelativeAttention.forward`). :meth:`~FunnelRelativeAttention.scores`
+is the textbook form above, used by tests; ``forward`` computes the same softmax with less
+memory traffic:
+
+- Everything except the relative-shift term is low rank in (i, j) and is folded into the one
+  ``q·k`` matmul as extra feature columns: the token-type term (2 columns: type ids are 0, 1 or
+  2), the [CLS]-column correction (1 column), the key padding (1 column carrying -1e6), and for
+  the factorized form the positional factors (D columns). The cls-mask on row 0 is applied by
+  zeroing query 0's position/segment vectors. Per-row constants (the same-segment score) are
+  dropped, which softmax cannot see; the [CLS] column correction keeps each row exact.
+- The relative-shift term is formed in query chunks, each against only the ``Tk + shift*c``
+  distances it needs, written straight into the score buffer; its backward scatters the score
+  gradient back chunk by chunk. Softmax, dropout and P·V share one autograd node that keeps only
+  the probabilities (and the dropout mask) for the backward pass: no (B, H, Tq, 2Tk) tensor is
+  materialised, and one (B, H, Tq, Tk) tensor is kept per layer.
 
 Deliberate deviations: padding is masked with an additive ``-1e6`` like the official code (not
-``-inf``), so a row whose keys are all padding stays finite; the official code applies the
-softmax in float32 ("precision safe"), which this module does for half precision inputs.
+``-inf``), so a row whose keys are all padding stays finite; half precision inputs are scored in
+float32 (the official "precision safe" softmax).
 """
 
 from __future__ import annotations
@@ -47,27 +57,28 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .base import AttentionMask, AttentionOutput, check_attention_inputs
 
 __all__ = [
+    "ATTENTION_TYPES",
     "FunnelPositions",
     "FunnelRelativeAttention",
     "relative_shift",
     "relative_distances",
     "rel_sinusoid",
-    "factorized_encodings",
     "NEG_INF",
 ]
 
 NEG_INF = -1e6
 ATTENTION_TYPES = ("relative_shift", "factorized")
+CLS_TYPE = 2
+_CHUNK = 256  # query rows per relative-shift chunk
 
 
 def rel_sinusoid(distances: Tensor, dim: int) -> Tensor:
-    """(R,) distances -> (R, dim) ``[sin(d f_k) | cos(d f_k)]``, f_k = 10000^(-k/(dim/2))."""
+    """(R,) distances -> (R, dim) ``[sin(d f_k) | cos(d f_k)]``, f_k = 10000^(-k/(dim/2)), in float64."""
     if dim % 2:
         raise ValueError(f"the model width must be even for the sinusoid, got dim={dim}")
     half = dim // 2
@@ -90,35 +101,18 @@ def relative_distances(q_pos: Tensor, k_pos: Tensor, shift: int) -> Tensor:
 
 
 def relative_shift(x: Tensor, tk: int, shift: int) -> Tensor:
-    """(B, H, Tq, R) scores against the distance table -> (B, H, Tq, Tk) view.
+    """(B, H, Tq, R) scores against the distance table -> (B, H, Tq, Tk) *view* of x.
 
-    Entry (i, j) of the result is ``x[..., i, shift*(Tq - i) + j]``. Only views are used: the
-    (Tq, R) block is read as (R, Tq), its first ``shift`` rows dropped (a contiguous slice), read
-    back as (Tq, R - shift) and narrowed to Tk columns.
+    Entry (i, j) of the result is ``x[..., i, shift*(Tq - i) + j]``: the (Tq, R) block is read as
+    (R, Tq), its first ``shift`` rows dropped (a contiguous slice), read back as
+    (Tq, R - shift) and narrowed to Tk columns. Writing into the view writes into x.
     """
     b, h, tq, r = x.shape
     if r < tk + shift * tq:
         raise ValueError(f"distance table of length {r} is shorter than Tk + shift*Tq")
-    y = x.reshape(b, h, r, tq)[:, :, shift:]  # (B, H, R - shift, Tq), a contiguous slice
-    y = y.reshape(b, h, tq, r - shift)  # (B, H, Tq, R - shift)
+    y = x.view(b, h, r, tq)[:, :, shift:]  # (B, H, R - shift, Tq), a contiguous slice
+    y = y.view(b, h, tq, r - shift)  # (B, H, Tq, R - shift)
     return y[..., :tk]
-
-
-def factorized_encodings(
-    q_pos: Tensor, k_pos: Tensor, dim: int
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Query-side [sin|sin], [cos|cos] (Tq, D) and key-side [cos|sin], [-sin|cos] (Tk, D).
-
-    sum_d a_d e1q_d e1k_d + a_d e2q_d e2k_d = a·[sin(pq - pk) | cos(pq - pk)] for any a (D,).
-    """
-    sq, cq = rel_sinusoid(q_pos, dim).chunk(2, dim=-1)
-    sk, ck = rel_sinusoid(k_pos, dim).chunk(2, dim=-1)
-    return (
-        torch.cat([sq, sq], -1),
-        torch.cat([cq, cq], -1),
-        torch.cat([ck, sk], -1),
-        torch.cat([-sk, ck], -1),
-    )
 
 
 @dataclass(frozen=True)
@@ -126,12 +120,13 @@ class FunnelPositions:
     """Positional and segment inputs of one Funnel attention call, computed once by the model.
 
     kind: "relative_shift" or "factorized".
-    rel: (R, D) sinusoids of the descending distance table (relative_shift), dropout applied.
+    rel: (Tk + shift*Tq, D) sinusoids of the descending distance table (relative_shift),
+        dropout applied; see :func:`relative_distances`.
     shift: 1 (queries and keys at the same stride) or 2 (pooled queries, unpooled keys).
-    enc: (enc_q_1, enc_q_2, enc_k_1, enc_k_2) of shapes (Tq, D), (Tq, D), (Tk, D), (Tk, D)
-        (factorized); the query-side pair carries the dropout.
-    same_segment: (B, Tq, Tk) bool, True where the token types match or either token is [CLS]
-        (type id 2); ``None`` means every pair is in the same segment.
+    enc: (sin_q, cos_q, sin_k, cos_k) of shapes (Tq, D/2), (Tq, D/2), (Tk, D/2), (Tk, D/2)
+        (factorized); the query pair carries the dropout.
+    q_types, k_types: (B, Tq), (B, Tk) token type ids (0, 1, or 2 for [CLS]) of the queries and
+        keys, or ``None`` for one segment everywhere.
     cls_first: zero the position and token-type terms on row 0 and column 0 ([CLS]).
     """
 
@@ -139,39 +134,86 @@ class FunnelPositions:
     rel: Tensor | None = None
     shift: int = 1
     enc: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
-    same_segment: Tensor | None = None
+    q_types: Tensor | None = None
+    k_types: Tensor | None = None
     cls_first: bool = True
 
 
-class _SoftmaxDropoutMatmul(torch.autograd.Function):
-    """out = dropout(softmax(scores)) @ v, saving only P = softmax(scores) and the keep mask."""
+def _bhv(t: Tensor) -> Tensor:
+    """(B, H, T, X) -> (B*H, T, X) view."""
+    return t.reshape(t.shape[0] * t.shape[1], t.shape[2], t.shape[3])
+
+
+def _chunks(tq: int):
+    for i0 in range(0, tq, _CHUNK):
+        yield i0, min(i0 + _CHUNK, tq)
+
+
+class _FunnelCore(torch.autograd.Function):
+    """out = dropout(softmax(qa·ka^T + shift(qv·r^T))) @ v, keeping P (and the mask) only.
+
+    qa (B, H, Tq, E), ka (B, H, Tk, E): content plus the low-rank feature columns.
+    qv (B, H, Tq, Dh) and r (H, Tk + shift*Tq, Dh): the relative-shift term, or both None.
+    keep: (B, H, Tq, Tk) bool dropout keep-mask or None; p: the dropout rate.
+    """
 
     @staticmethod
-    def forward(ctx, scores: Tensor, v: Tensor, p: float, keep: Tensor | None) -> Tensor:
+    def forward(ctx, qa, ka, v, qv, r, shift: int, p: float, keep):
+        b, h, tq, _ = qa.shape
+        tk = ka.shape[2]
+        scores = qa.new_empty(b, h, tq, tk)
+        if qv is not None:
+            for i0, i1 in _chunks(tq):
+                lo = shift * (tq - i1)
+                r_c = r[:, lo : lo + tk + shift * (i1 - i0)]  # (H, Tk + shift*c, Dh)
+                full = qv[:, :, i0:i1] @ r_c.transpose(-1, -2)[None]  # (B, H, c, Tk + shift*c)
+                scores[:, :, i0:i1] = relative_shift(full, tk, shift)
+            _bhv(scores).baddbmm_(_bhv(qa), _bhv(ka).transpose(1, 2))
+        else:
+            torch.bmm(_bhv(qa), _bhv(ka).transpose(1, 2), out=_bhv(scores))
         probs = torch.softmax(scores, dim=-1)  # (B, H, Tq, Tk)
+        del scores
         if keep is not None:
-            dropped = probs * keep * (1.0 / (1.0 - p))
-            out = dropped @ v
+            out = (probs * keep).mul_(1.0 / (1.0 - p)) @ v
         else:
             out = probs @ v
-        ctx.p = p
-        ctx.save_for_backward(probs, v, keep)
+        ctx.shift, ctx.p = shift, p
+        ctx.save_for_backward(qa, ka, v, qv, r, probs, keep)
         return out
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor):
-        probs, v, keep = ctx.saved_tensors
-        scale = 1.0 / (1.0 - ctx.p)
-        dropped = probs * keep * scale if keep is not None else probs
-        grad_v = dropped.transpose(-1, -2) @ grad_out
-        del dropped
+    def backward(ctx, grad_out):
+        qa, ka, v, qv, r, probs, keep = ctx.saved_tensors
+        shift, p = ctx.shift, ctx.p
+        b, h, tq, _ = qa.shape
+        tk = ka.shape[2]
+        grad_out = grad_out.contiguous()
+        if keep is not None:
+            dropped = (probs * keep).mul_(1.0 / (1.0 - p))
+            grad_v = dropped.transpose(-1, -2) @ grad_out
+            del dropped
+        else:
+            grad_v = probs.transpose(-1, -2) @ grad_out
         grad_p = grad_out @ v.transpose(-1, -2)  # (B, H, Tq, Tk)
         if keep is not None:
-            grad_p.mul_(keep).mul_(scale)
-        # softmax backward: dS = P * (dP - sum_j P dP)
-        row = (grad_p * probs).sum(dim=-1, keepdim=True)
-        grad_p.sub_(row).mul_(probs)
-        return grad_p, grad_v, None, None
+            grad_p.mul_(keep).mul_(1.0 / (1.0 - p))
+        grad_s = torch._softmax_backward_data(grad_p, probs, -1, probs.dtype)
+        del grad_p
+        grad_qa = grad_s @ ka
+        grad_ka = grad_s.transpose(-1, -2) @ qa
+        grad_qv = grad_r = None
+        if qv is not None:
+            grad_qv = torch.empty_like(qv)
+            grad_r = torch.zeros_like(r)
+            for i0, i1 in _chunks(tq):
+                lo = shift * (tq - i1)
+                width = tk + shift * (i1 - i0)
+                r_c = r[:, lo : lo + width]
+                g = grad_s.new_zeros(b, h, i1 - i0, width)  # (B, H, c, Tk + shift*c)
+                relative_shift(g, tk, shift).copy_(grad_s[:, :, i0:i1])
+                grad_qv[:, :, i0:i1] = g @ r_c[None]
+                grad_r[:, lo : lo + width] += (g.transpose(-1, -2) @ qv[:, :, i0:i1]).sum(0)
+        return grad_qa, grad_ka, grad_v, grad_qv, grad_r, None, None, None
 
 
 class FunnelRelativeAttention(nn.Module):
@@ -209,56 +251,122 @@ class FunnelRelativeAttention(nn.Module):
         self.reset_relative_parameters()
 
     def reset_relative_parameters(self) -> None:
-        """U(0, init_range) as in the official code (``nn.init.uniform_(b=0.1)``)."""
+        """U(0, init_range), the official ``nn.init.uniform_(b=0.1)``."""
         for p in (self.r_w_bias, self.r_r_bias, self.r_s_bias, self.r_kernel, self.seg_embed):
             nn.init.uniform_(p, 0.0, self.init_range)
+
+    # ------------------------------------------------------------------ shared pieces
 
     def _heads(self, t: Tensor) -> Tensor:
         b, n, _ = t.shape
         return t.view(b, n, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
 
-    def position_scores(self, q: Tensor, positions: FunnelPositions, tk: int) -> Tensor:
-        """Positional term s (q + v)·W_r R(pos_i - pos_j) for pre-scaled q (B, H, Tq, Dh).
-
-        Returns (B, H, Tq, Tk); for the relative-shift form this is a view, not a copy.
-        """
-        qv = q + (self.r_r_bias * self.scale)[:, None, :]  # (B, H, Tq, Dh)
-        w_r = self.r_kernel.to(q.dtype)
+    def _check(self, x, kv, mask, state, positions) -> tuple[int, int, int]:
+        check_attention_inputs(x, kv, self.dim, mask)
+        if state is not None:
+            raise ValueError("FunnelRelativeAttention takes no state; pass state=None")
+        if not isinstance(positions, FunnelPositions):
+            raise ValueError(
+                "FunnelRelativeAttention needs positions=FunnelPositions(...) from the model, "
+                f"got {type(positions).__name__}"
+            )
+        if positions.kind not in ATTENTION_TYPES:
+            raise ValueError(
+                f"positions.kind must be one of {list(ATTENTION_TYPES)}, got {positions.kind!r}"
+            )
+        if mask is not None and mask.causal:
+            raise ValueError("Funnel attention is bidirectional; mask.causal must be False")
+        b, tq = x.shape[:2]
+        tk = (x if kv is None else kv).shape[1]
+        for name, t, n in (("q_types", positions.q_types, tq), ("k_types", positions.k_types, tk)):
+            if t is not None and t.shape != (b, n):
+                raise ValueError(f"positions.{name} must be (B={b}, {n}), got {tuple(t.shape)}")
+        if (positions.q_types is None) != (positions.k_types is None):
+            raise ValueError("positions.q_types and positions.k_types must be given together")
         if positions.kind == "relative_shift":
-            if positions.rel is None:
-                raise ValueError("relative_shift positions need the distance table `rel`")
-            r_head = torch.einsum("td,dnh->nth", positions.rel.to(q.dtype), w_r)  # (H, R, Dh)
-            full = qv @ r_head.transpose(-1, -2)  # (B, H, Tq, R)
-            return relative_shift(full, tk, positions.shift)
-        if positions.kind == "factorized":
-            if positions.enc is None:
-                raise ValueError("factorized positions need the encodings `enc`")
-            eq1, eq2, ek1, ek2 = (e.to(q.dtype) for e in positions.enc)
-            qr = torch.einsum("bnih,dnh->bnid", qv, w_r)  # (B, H, Tq, D)
-            return (qr * eq1) @ ek1.t() + (qr * eq2) @ ek2.t()  # (B, H, Tq, Tk)
-        raise ValueError(
-            f"positions.kind must be one of {list(ATTENTION_TYPES)}, got {positions.kind!r}"
-        )
+            if positions.rel is None or positions.rel.shape != (
+                tk + positions.shift * tq,
+                self.dim,
+            ):
+                got = None if positions.rel is None else tuple(positions.rel.shape)
+                raise ValueError(
+                    f"positions.rel must be (Tk + shift*Tq = {tk + positions.shift * tq}, "
+                    f"{self.dim}), got {got}"
+                )
+        elif positions.enc is None or len(positions.enc) != 4:
+            raise ValueError("factorized positions need enc=(sin_q, cos_q, sin_k, cos_k)")
+        return b, tq, tk
 
-    def score_bias(self, q: Tensor, positions: FunnelPositions, tk: int) -> Tensor:
-        """Position + token-type terms, cls-masked: (B, H, Tq, Tk), a fresh tensor."""
-        seg = torch.einsum(
-            "bnih,snh->bnis",
-            q + (self.r_s_bias * self.scale)[:, None, :],
-            self.seg_embed.to(q.dtype),
-        )  # (B, H, Tq, 2): [different, same]
-        diff, same = seg[..., :1], seg[..., 1:]
-        pos = self.position_scores(q, positions, tk)
-        if positions.same_segment is None:
-            bias = pos + same
+    def _project(self, x: Tensor, kv: Tensor | None):
+        src = x if kv is None else kv
+        q = self._heads(self.q_proj(x)) * self.scale  # (B, H, Tq, Dh), scaled before the biases
+        k = self._heads(self.k_proj(src))  # (B, H, Tk, Dh)
+        v = self._heads(self.v_proj(src))  # (B, H, Tk, Dh)
+        return q, k, v
+
+    def _r_head(self, positions: FunnelPositions, dtype: torch.dtype) -> Tensor:
+        """W_r R_t for every distance of the table: (H, R, Dh)."""
+        return torch.einsum("td,dnh->nth", positions.rel.to(dtype), self.r_kernel.to(dtype))
+
+    def _factors(self, qv: Tensor, positions: FunnelPositions) -> tuple[Tensor, Tensor]:
+        """Factorized form: query factors (B, H, Tq, D) and key factors (Tk, D) whose product is
+        the positional term: sum_k C_j (a s_i + b c_i) + S_j (b s_i - a c_i), [a | b] = W_r(q+v).
+        """
+        sq, cq, sk, ck = (e.to(qv.dtype) for e in positions.enc)
+        qr = torch.einsum("bnih,dnh->bnid", qv, self.r_kernel.to(qv.dtype))  # (B, H, Tq, D)
+        a, b = qr.chunk(2, dim=-1)  # sin and cos coefficients, (B, H, Tq, D/2)
+        f = torch.cat([a * sq + b * cq, b * sq - a * cq], dim=-1)  # (B, H, Tq, D)
+        g = torch.cat([ck, sk], dim=-1)  # (Tk, D)
+        return f, g
+
+    def _seg_scores(self, q: Tensor) -> tuple[Tensor, Tensor]:
+        """(q + w)·seg_embed: scores for a different and the same segment, (B, H, Tq) each."""
+        qs = q + (self.r_s_bias * self.scale)[:, None, :]
+        seg = torch.einsum("bnih,snh->bnis", qs, self.seg_embed.to(q.dtype))  # (B, H, Tq, 2)
+        return seg[..., 0], seg[..., 1]
+
+    # ------------------------------------------------------------------ textbook form
+
+    def scores(
+        self,
+        x: Tensor,
+        *,
+        kv: Tensor | None = None,
+        mask: AttentionMask | None = None,
+        positions: FunnelPositions | None = None,
+    ) -> Tensor:
+        """The attention scores (B, H, Tq, Tk) exactly as written in the module docstring, with
+        the padding added as -1e6: the reference :meth:`forward` is tested against."""
+        self._check(x, kv, mask, None, positions)
+        q, k, _ = self._project(x, kv)
+        tk = k.shape[2]
+        content = (q + (self.r_w_bias * self.scale)[:, None, :]) @ k.transpose(-1, -2)
+        qv = q + (self.r_r_bias * self.scale)[:, None, :]
+        if positions.kind == "relative_shift":
+            full = qv @ self._r_head(positions, q.dtype).transpose(-1, -2)[None]  # (B, H, Tq, R)
+            pos = relative_shift(full, tk, positions.shift)
         else:
-            bias = pos + diff
-            same_seg = positions.same_segment[:, None].to(q.dtype)  # (B, 1, Tq, Tk)
-            bias = bias.addcmul_(same_seg, same - diff)
+            f, g = self._factors(qv, positions)
+            pos = f @ g.t()
+        diff, same = self._seg_scores(q)
+        if positions.q_types is None:
+            seg = same[..., None].expand_as(pos)
+        else:
+            tq_, tk_ = positions.q_types[:, :, None], positions.k_types[:, None, :]
+            same_seg = (tq_ == tk_) | (tq_ == CLS_TYPE) | (tk_ == CLS_TYPE)  # (B, Tq, Tk)
+            seg = torch.where(same_seg[:, None], same[..., None], diff[..., None])
+        extra = pos + seg
         if positions.cls_first:
-            bias[..., 0, :] = 0.0
-            bias[..., :, 0] = 0.0
-        return bias
+            cls_mask = torch.ones_like(extra)
+            cls_mask[..., 0, :] = 0
+            cls_mask[..., :, 0] = 0
+            extra = extra * cls_mask
+        out = content + extra
+        if mask is not None and mask.key_padding is not None:
+            out = out.masked_fill(~mask.key_padding.to(torch.bool)[:, None, None, :], NEG_INF)
+        return out
+
+    # ------------------------------------------------------------------ fused form
 
     def forward(
         self,
@@ -269,50 +377,72 @@ class FunnelRelativeAttention(nn.Module):
         state: None = None,
         positions: FunnelPositions | None = None,
     ) -> AttentionOutput:
-        check_attention_inputs(x, kv, self.dim, mask)
-        if state is not None:
-            raise ValueError("FunnelRelativeAttention takes no state; pass state=None")
-        if not isinstance(positions, FunnelPositions):
-            raise ValueError(
-                "FunnelRelativeAttention needs positions=FunnelPositions(...) from the model, "
-                f"got {type(positions).__name__}"
-            )
-        if mask is not None and mask.causal:
-            raise ValueError("Funnel attention is bidirectional; mask.causal must be False")
-        src = x if kv is None else kv
-        b, tq, tk = x.shape[0], x.shape[1], src.shape[1]
-        if positions.same_segment is not None and positions.same_segment.shape != (b, tq, tk):
-            raise ValueError(
-                f"positions.same_segment must be (B={b}, Tq={tq}, Tk={tk}), "
-                f"got {tuple(positions.same_segment.shape)}"
-            )
-        q = self._heads(self.q_proj(x)) * self.scale  # (B, H, Tq, Dh), scaled before the biases
-        k = self._heads(self.k_proj(src))  # (B, H, Tk, Dh)
-        v = self._heads(self.v_proj(src))  # (B, H, Tk, Dh)
+        b, tq, tk = self._check(x, kv, mask, state, positions)
+        out_dtype = x.dtype
+        q, k, v = self._project(x, kv)
+        if q.dtype in (torch.float16, torch.bfloat16):
+            q, k, v = q.float(), k.float(), v.float()
         qu = q + (self.r_w_bias * self.scale)[:, None, :]
-        bias = self.score_bias(q, positions, tk)  # (B, H, Tq, Tk)
-        key_padding = None if mask is None else mask.key_padding
-        p = self.dropout if self.training else 0.0
-        if key_padding is not None:
-            neg = NEG_INF if x.dtype in (torch.float32, torch.float64) else -1e4
-            bias = bias.masked_fill_(~key_padding.to(torch.bool)[:, None, None, :], neg)
-        if not (torch.is_grad_enabled() and bias.requires_grad):
-            # Inference: the fused kernel takes the float bias as attn_mask.
-            o = F.scaled_dot_product_attention(qu, k, v, attn_mask=bias, dropout_p=p, scale=1.0)
+        qv = q + (self.r_r_bias * self.scale)[:, None, :]  # (B, H, Tq, Dh)
+        diff, same = self._seg_scores(q)  # (B, H, Tq)
+        if positions.cls_first:
+            # cls-mask, row 0: query 0 gets no position or token-type score.
+            row = torch.ones(tq, 1, dtype=q.dtype, device=q.device)
+            row[0] = 0
+            qv = qv * row
+            diff, same = diff * row[:, 0], same * row[:, 0]
+        qf, kf = [qu], [k]  # feature columns of the one q·k matmul
+        r = None
+        if positions.kind == "relative_shift":
+            r = self._r_head(positions, q.dtype)  # (H, Tk + shift*Tq, Dh)
+            if positions.cls_first:
+                idx = positions.shift * (tq - torch.arange(tq, device=q.device))
+                pos_col0 = (qv * r[:, idx][None]).sum(-1)  # (B, H, Tq): entry (i, 0)
         else:
-            scores = torch.baddbmm(
-                bias.reshape(b * self.n_heads, tq, tk),
-                qu.reshape(b * self.n_heads, tq, self.head_dim),
-                k.reshape(b * self.n_heads, tk, self.head_dim).transpose(1, 2),
-            ).view(b, self.n_heads, tq, tk)  # (B, H, Tq, Tk)
-            half = scores.dtype in (torch.float16, torch.bfloat16)
-            if half:
-                scores = scores.float()
-            keep = None
-            if p > 0.0:
-                keep = torch.empty_like(scores, dtype=torch.bool).bernoulli_(1.0 - p)
-            o = _SoftmaxDropoutMatmul.apply(scores, v.to(scores.dtype), p, keep)
-            if half:
-                o = o.to(x.dtype)
-        o = o.transpose(1, 2).reshape(b, tq, self.n_heads * self.head_dim)  # (B, Tq, H*Dh)
+            f, g = self._factors(qv, positions)
+            qf.append(f)
+            kf.append(g.expand(b, self.n_heads, tk, g.shape[-1]))
+            if positions.cls_first:
+                pos_col0 = f @ g[0]  # (B, H, Tq)
+        seg_col0 = torch.zeros_like(same)
+        if positions.q_types is not None:
+            # Token types: score diff where types 0 and 1 meet, same elsewhere; the row constant
+            # `same` is dropped. Columns: -(same - diff)[t_i = 0] x [t_j = 1] and the mirror.
+            t_q, t_k = positions.q_types, positions.k_types
+            gap = same - diff
+            for a, c in ((0, 1), (1, 0)):
+                qcol = -gap * (t_q == a)[:, None].to(q.dtype)  # (B, H, Tq)
+                kcol = (t_k == c)[:, None].to(q.dtype).expand(b, self.n_heads, tk)  # (B, H, Tk)
+                qf.append(qcol[..., None])
+                kf.append(kcol[..., None])
+                seg_col0 = seg_col0 + qcol * kcol[..., :1]
+        if positions.cls_first:
+            # cls-mask, column 0: what makes entry (i, 0) content-only (minus the dropped row
+            # constant `same`).
+            corr = -same - pos_col0 - seg_col0
+            col0 = torch.zeros(tk, dtype=q.dtype, device=q.device)
+            col0[0] = 1
+            qf.append(corr[..., None])
+            kf.append(col0.expand(b, self.n_heads, tk)[..., None])
+        if mask is not None and mask.key_padding is not None:
+            pad = (~mask.key_padding.to(torch.bool)).to(q.dtype) * NEG_INF  # (B, Tk)
+            qf.append(torch.ones_like(qu[..., :1]))
+            kf.append(pad[:, None, :, None].expand(b, self.n_heads, tk, 1))
+        qa = torch.cat(qf, dim=-1) if len(qf) > 1 else qu  # (B, H, Tq, E)
+        ka = torch.cat(kf, dim=-1) if len(kf) > 1 else k  # (B, H, Tk, E)
+        p = self.dropout if self.training else 0.0
+        keep = None
+        if p > 0.0:
+            keep = torch.empty(b, self.n_heads, tq, tk, device=q.device).bernoulli_(1.0 - p).bool()
+        o = _FunnelCore.apply(
+            qa.contiguous(),
+            ka.contiguous(),
+            v.contiguous(),
+            None if r is None else qv.contiguous(),
+            None if r is None else r.contiguous(),
+            positions.shift,
+            p,
+            keep,
+        )  # (B, H, Tq, Dh)
+        o = o.transpose(1, 2).reshape(b, tq, self.n_heads * self.head_dim).to(out_dtype)
         return AttentionOutput(out=self.o_proj(o))

@@ -13,7 +13,7 @@ extractive QA, multiple choice). Details follow the official code
 
 - embedding = word embedding -> LayerNorm -> dropout; no absolute positions; LayerNorm eps 1e-9;
   GELU (tanh form) FFN; q without bias, k/v with bias; biases scaled with q.
-- pooled side structures are stride-sliced (positions, same-segment matrix, cls-mask); the
+- pooled side structures are stride-sliced (positions, token types, cls-mask); the
   pooled [CLS] sits at position 1 - 2**b; the pad mask is pooled with the official polarity (a
   slot is padding only when both of its tokens are; HF transformers masks it when either is) --
   see :mod:`effiformer.layers.pooling`.
@@ -54,7 +54,6 @@ from ..attention.funnel_relative import (
     ATTENTION_TYPES,
     FunnelPositions,
     FunnelRelativeAttention,
-    factorized_encodings,
     rel_sinusoid,
     relative_distances,
 )
@@ -183,19 +182,11 @@ class FunnelConfig(ModelConfig):
 # --------------------------------------------------------------------------- structures
 
 
-def _same_segment(token_type_ids: Tensor | None) -> Tensor | None:
-    """(B, T) ids -> (B, T, T) bool: same type, or either token is [CLS] (type 2)."""
-    if token_type_ids is None:
-        return None
-    same = token_type_ids[:, :, None] == token_type_ids[:, None, :]
-    cls = token_type_ids == CLS_TOKEN_TYPE
-    return same | cls[:, :, None] | cls[:, None, :]
-
-
 class _Structure:
     """Per-forward positional/segment/padding structures, and how pooling changes them.
 
     Built once per forward by the encoder; layers receive :class:`FunnelPositions` from it.
+    ``pos``, ``types`` and ``key_padding`` describe the current key sequence.
     """
 
     def __init__(
@@ -206,13 +197,13 @@ class _Structure:
         *,
         dtype: torch.dtype,
         device: torch.device,
-        same_segment: Tensor | None,
+        token_types: Tensor | None,
         key_padding: Tensor | None,
     ) -> None:
         self.c = config
-        self.pos = torch.arange(seq_len, device=device)  # positions of the current (key) length
-        self.same = same_segment  # (B, Tk, Tk) or None
-        self.key_padding = key_padding  # (B, Tk) bool, True = real token
+        self.pos = torch.arange(seq_len, device=device)  # (T,) positions
+        self.types = token_types  # (B, T) token type ids, or None
+        self.key_padding = key_padding  # (B, T) bool, True = real token
         self.dtype = dtype
         self.drop = sinusoid_drop
         self.zero = 2 * seq_len
@@ -226,28 +217,25 @@ class _Structure:
         return {"separate_cls": self.c.separate_cls, "truncate_seq": self.c.truncate_seq}
 
     def positions(
-        self, q_pos: Tensor, k_pos: Tensor, shift: int, same: Tensor | None
+        self, q_pos: Tensor, k_pos: Tensor, shift: int, q_types: Tensor | None
     ) -> FunnelPositions:
+        common = {
+            "q_types": q_types,
+            "k_types": self.types,
+            "cls_first": self.c.separate_cls,
+        }
         if self.c.attention_type == "relative_shift":
             dist = relative_distances(q_pos, k_pos, shift) + self.zero
             if int(dist.min()) < 0 or int(dist.max()) >= self.table.shape[0]:
                 raise RuntimeError("relative distance outside the sinusoid table")
-            return FunnelPositions(
-                "relative_shift",
-                rel=self.table[dist],
-                shift=shift,
-                same_segment=same,
-                cls_first=self.c.separate_cls,
-            )
-        eq1, eq2, ek1, ek2 = factorized_encodings(q_pos, k_pos, self.c.dim)
-        eq1, eq2 = self.drop(eq1.to(self.dtype)), self.drop(eq2.to(self.dtype))
-        enc = (eq1, eq2, ek1.to(self.dtype), ek2.to(self.dtype))
-        return FunnelPositions(
-            "factorized", enc=enc, same_segment=same, cls_first=self.c.separate_cls
-        )
+            return FunnelPositions("relative_shift", rel=self.table[dist], shift=shift, **common)
+        sq, cq = rel_sinusoid(q_pos, self.c.dim).to(self.dtype).chunk(2, dim=-1)  # (Tq, D/2)
+        sk, ck = rel_sinusoid(k_pos, self.c.dim).to(self.dtype).chunk(2, dim=-1)  # (Tk, D/2)
+        enc = (self.drop(sq), self.drop(cq), sk, ck)  # dropout on the query side, as official
+        return FunnelPositions("factorized", enc=enc, shift=shift, **common)
 
     def self_positions(self) -> FunnelPositions:
-        return self.positions(self.pos, self.pos, 1, self.same)
+        return self.positions(self.pos, self.pos, 1, self.types)
 
 
 # --------------------------------------------------------------------------- encoder / decoder
@@ -308,7 +296,7 @@ class FunnelEncoder(nn.Module):
             self.sinusoid_drop,
             dtype=x.dtype,
             device=x.device,
-            same_segment=_same_segment(token_type_ids),
+            token_types=token_type_ids,
             key_padding=key_padding,
         )
         self_pos = st.self_positions()
@@ -322,18 +310,19 @@ class FunnelEncoder(nn.Module):
                 kw = st.kw()
                 pooled = pool_sequence(x, c.pooling, **kw)  # (B, T', D)
                 q_pos = pool_positions(st.pos, int(math.log2(stride)), **kw)
-                same_q = None if st.same is None else stride_slice(st.same, 1, **kw)  # (B, T', T)
-                same_qk = None if same_q is None else stride_slice(same_q, 2, **kw)  # (B, T', T')
+                q_types = None if st.types is None else stride_slice(st.types, 1, **kw)  # (B, T')
                 pooled_padding = pool_padding(st.key_padding, **kw)
                 if c.pool_q_only:
                     # First layer: pooled query/residual, unpooled keys and values (shift 2).
-                    first_pos = st.positions(q_pos, st.pos, 2, same_q)
+                    first_pos = st.positions(q_pos, st.pos, 2, q_types)
                     first_mask = AttentionMask(key_padding=st.key_padding)
                     first_kv = x
                 else:
-                    first_pos = st.positions(q_pos, q_pos, 1, same_qk)
+                    st_types, st.types = st.types, q_types
+                    first_pos = st.positions(q_pos, q_pos, 1, q_types)
+                    st.types = st_types
                     first_mask = AttentionMask(key_padding=pooled_padding)
-                st.pos, st.same, st.key_padding = q_pos, same_qk, pooled_padding
+                st.pos, st.types, st.key_padding = q_pos, q_types, pooled_padding
                 self_pos = st.self_positions()
                 x = pooled
             mask = AttentionMask(key_padding=st.key_padding)
@@ -470,7 +459,7 @@ class FunnelModel(_FunnelBase):
             self.encoder.sinusoid_drop,
             dtype=x.dtype,
             device=x.device,
-            same_segment=None,
+            token_types=None,
             key_padding=None,
         )
         return self.encoder.blocks[0][0].attn(x, positions=st.self_positions()).out
