@@ -27,7 +27,8 @@ def _pair(div_val: int, embed_dim: int, dim: int, cutoffs=CUT, tie_projs=True):
     ).double()
     with torch.no_grad():  # non-trivial biases so every term of the head/tails is exercised
         sm.bias.normal_()
-        sm.cluster_bias.normal_()
+        if sm.cluster_bias is not None:
+            sm.cluster_bias.normal_()
     return emb, sm
 
 

@@ -187,10 +187,13 @@ class AdaptiveLogSoftmax(nn.Module):
         self.weights = nn.ParameterList(weights)  # (n_i, d_i) per cluster
         self.projs = nn.ParameterList(projs)  # (dim, d_i) each, or empty
         self.bias = nn.Parameter(torch.zeros(vocab_size))
-        self.cluster_weight = nn.Parameter(torch.zeros(self.n_clusters, dims[0]))
-        self.cluster_bias = nn.Parameter(torch.zeros(self.n_clusters))
-        if self.n_clusters:
+        if self.n_clusters:  # head logits of the tail clusters
+            self.cluster_weight = nn.Parameter(torch.empty(self.n_clusters, dims[0]))
+            self.cluster_bias = nn.Parameter(torch.zeros(self.n_clusters))
             nn.init.normal_(self.cluster_weight, std=0.02)
+        else:
+            self.register_parameter("cluster_weight", None)
+            self.register_parameter("cluster_bias", None)
 
     def _cluster(self, i: int) -> tuple[Tensor, Tensor, Tensor | None]:
         """Weight (n_i, d_i), bias (n_i,), projection (dim, d_i) or None of cluster ``i``."""
@@ -210,8 +213,9 @@ class AdaptiveLogSoftmax(nn.Module):
     def _head_logprob(self, h: Tensor) -> Tensor:
         """(N, dim) -> (N, shortlist + n_clusters) log-probs of shortlist tokens and clusters."""
         w, b, proj = self._cluster(0)
-        w = torch.cat([w, self.cluster_weight], dim=0)
-        b = torch.cat([b, self.cluster_bias], dim=0)
+        if self.n_clusters:
+            w = torch.cat([w, self.cluster_weight], dim=0)
+            b = torch.cat([b, self.cluster_bias], dim=0)
         return F.log_softmax(self._logits(h, w, b, proj).to(_wide(h.dtype)), dim=-1)
 
     def _check_hidden(self, h: Tensor) -> None:

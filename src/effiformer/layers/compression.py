@@ -15,9 +15,10 @@ the paper:
 - When ``N`` is not a multiple of ``c`` (the paper assumes it is) the oldest ``N mod c`` evicted
   states are dropped, so compressed slots align with the most recent eviction boundary (the
   lucidrains reimplementation instead zero-pads the evicted block on the left).
-- ``dilated_conv``: kernel ``c``, dilation 2, stride ``c``, ``c - 1`` zeros of left padding, so
-  every output still corresponds to one group of ``c`` states but also sees alternate states of
-  the preceding group (receptive field ``2c - 1``). The paper does not give its dilation.
+- ``dilated_conv`` (the paper gives no kernel or dilation): a WaveNet-style stack of
+  ``ceil(log2 c)`` causal convolutions with kernel 2 and dilations 1, 2, 4, ..., then the output
+  at the last state of every group of ``c``. Each compressed slot's receptive field (``2^L >= c``
+  states) covers its whole group (exactly, when ``c`` is a power of two); linear, like ``conv``.
 - ``most_used``: "usage" is the attention weight a slot received (summed over heads and queries)
   in the last segment it sat in the memory; :class:`~effiformer.models.compressive.Compressive`
   computes it with the layer's own attention weights. Ties keep the older slot.
@@ -25,6 +26,8 @@ the paper:
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -97,11 +100,17 @@ class ConvCompression(Compression):
 class DilatedConvCompression(Compression):
     def __init__(self, dim: int, rate: int) -> None:
         super().__init__(rate)
-        self.conv = nn.Conv1d(dim, dim, kernel_size=rate, stride=rate, dilation=2)
+        n_layers = math.ceil(math.log2(rate)) if rate > 1 else 0
+        self.dilations = [2**i for i in range(n_layers)]
+        self.convs = nn.ModuleList(
+            nn.Conv1d(dim, dim, kernel_size=2, dilation=d) for d in self.dilations
+        )
 
     def _compress(self, x: Tensor, usage: Tensor | None) -> Tensor:
-        xt = F.pad(x.transpose(1, 2), (self.rate - 1, 0))  # (B, D, N + c - 1)
-        return self.conv(xt).transpose(1, 2)  # (B, N/c, D)
+        y = x.transpose(1, 2)  # (B, D, N)
+        for d, conv in zip(self.dilations, self.convs):
+            y = conv(F.pad(y, (d, 0)))  # causal: (B, D, N)
+        return y[:, :, self.rate - 1 :: self.rate].transpose(1, 2)  # (B, N/c, D)
 
 
 class MostUsedCompression(Compression):
