@@ -864,7 +864,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, help="global batch size in rows (default 16)")
     p.add_argument("--seq-len", type=int, help="tokens per row (default: the model's seq_len)")
     p.add_argument("--lr", type=float, help="peak learning rate (default 1e-3)")
-    p.add_argument("--warmup", type=int, help="linear warmup steps (default 100)")
+    p.add_argument("--warmup", type=int, help="linear warmup steps (default min(100, steps/10))")
     p.add_argument("--grad-accum", type=int, help="micro-batches per step (default 1)")
     p.add_argument("--clip", type=float, help="gradient clipping norm, 0 = off (default 1.0)")
     p.add_argument("--weight-decay", type=float, help="AdamW weight decay (default 0.1)")
@@ -974,10 +974,11 @@ def run_train_cli(args: argparse.Namespace) -> int:
     clip = _pick(args.clip, saved_train, "clip", 1.0)
     eval_every = _pick(args.eval_every, saved_train, "eval_every", 200)
     out = args.out or (str(run_dir) if run_dir is not None else str(Path("runs") / name))
+    steps = _pick(args.steps, saved_train, "steps", 1000)
     config = TrainConfig(
-        steps=_pick(args.steps, saved_train, "steps", 1000),
+        steps=steps,
         lr=_pick(args.lr, saved_train, "lr", 1e-3),
-        warmup=_pick(args.warmup, saved_train, "warmup", 100),
+        warmup=_pick(args.warmup, saved_train, "warmup", min(100, max(1, steps // 10))),
         weight_decay=_pick(args.weight_decay, saved_train, "weight_decay", 0.1),
         grad_accum=_pick(args.grad_accum, saved_train, "grad_accum", 1),
         clip=clip or None,
