@@ -312,6 +312,7 @@ def _run_cell_process(cell: dict[str, Any], timeout: float | None) -> dict[str, 
         if env.get("PYTHONPATH"):
             paths.append(env["PYTHONPATH"])
         env["PYTHONPATH"] = os.pathsep.join(paths)
+        env["EFFIFORMER_BENCH_PARENT"] = str(os.getpid())
         if cell["device"] == "cpu":
             env["OMP_NUM_THREADS"] = str(cell["threads"])
         cmd = [sys.executable, "-m", "effiformer.benchmark", "--cell", str(cell_path),

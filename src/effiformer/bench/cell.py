@@ -357,6 +357,22 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _die_with_parent() -> None:
+    """Linux: have the kernel send SIGTERM to this cell if the harness process dies first, so an
+    interrupted run leaves no orphan cell behind. Best effort elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    parent = os.environ.get("EFFIFORMER_BENCH_PARENT")
+    if parent and parent.isdigit() and os.getppid() != int(parent):  # died before prctl
+        sys.exit(1)
+
+
 def cell_main(argv: list[str]) -> int:
     """``python -m effiformer.benchmark --cell CELL.json --result RESULT.json``: run one cell and
     write its measurements (or ``{"error": ...}``) to RESULT.json. Exit 0 on success, 1 on error."""
@@ -366,6 +382,7 @@ def cell_main(argv: list[str]) -> int:
     p.add_argument("--cell", required=True, help="JSON file describing the cell")
     p.add_argument("--result", required=True, help="where to write the measurements")
     args = p.parse_args(argv)
+    _die_with_parent()
     cell = json.loads(Path(args.cell).read_text())
     try:
         result: dict[str, Any] = run_cell(cell)
