@@ -1,0 +1,213 @@
+"""Transformer-XL and Compressive Transformer against a dense Transformer of the same size.
+
+Same CPU time budget, same segment length ``T``, same batch, same optimiser and schedule, on
+tinyshakespeare (byte level, bits per character) and PTB (word level, perplexity). The dense
+``vanilla-small`` sees at most its ``T``-token window (evaluated on non-overlapping windows, no
+earlier context); ``xl-small`` carries a memory of ``T`` states per layer, ``compressive-small``
+a memory of ``T/2`` plus a compressed memory of ``T/2`` slots at rate 4 (the same attention
+length as XL, a longer reach). After training, XL and Compressive are evaluated again with a
+longer memory (``--eval-mem``, :func:`effiformer.models.transformer_xl.reconfigure`, same
+weights), which should lower bpc / perplexity further.
+
+Writes JSON lines (environment first, one record per run) to ``OUT/results.jsonl`` and prints a
+table. Every model gets ``--time-budget`` seconds of training per corpus.
+
+    python benchmarks/xl_vs_vanilla.py                                  # both corpora, 150 s/run
+    python benchmarks/xl_vs_vanilla.py --corpora tinyshakespeare --time-budget 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from effiformer import create_model
+from effiformer.data import load_corpus
+from effiformer.models.transformer_xl import reconfigure
+from effiformer.tasks import LMTask
+from effiformer.train import TrainConfig, train
+
+CORPORA = {
+    "tinyshakespeare": ("/work/shared/data/tinyshakespeare/input.txt", "text"),
+    "ptb": ("/work/shared/data/ptb", "ptb"),
+}
+MODELS = ("vanilla-small", "xl-small", "compressive-small")
+
+
+def _git_sha() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def _environment() -> dict:
+    return {
+        "kind": "environment",
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "device": "cpu",
+        "git_sha": _git_sha(),
+        "loadavg": os.getloadavg() if hasattr(os, "getloadavg") else None,
+    }
+
+
+def _overrides(name: str, vocab: int, seq_len: int, dropout: float) -> dict:
+    over = {"vocab_size": vocab, "seq_len": seq_len, "dropout": dropout}
+    if name.startswith("xl-"):
+        over["mem_len"] = seq_len
+    elif name.startswith("compressive-"):
+        over.update(mem_len=seq_len // 2, cmem_len=seq_len // 2, compression_rate=4)
+    return over
+
+
+def _steps_per_budget(name: str, over: dict, task: LMTask, budget: float, seed: int) -> int:
+    """Schedule length: time a throwaway copy for a few steps (fastest of 4 after 2 warm-up)."""
+    torch.manual_seed(seed)
+    model = create_model(name, **over)
+    batches = task.train_batches(model, 0, 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    state, times = None, []
+    for i in range(6):
+        t0 = time.perf_counter()
+        out = task.forward(model, next(batches), state)
+        out.total_loss.backward()
+        opt.step()
+        opt.zero_grad()
+        state = out.state
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    return max(20, int(0.95 * budget / min(times)))
+
+
+def run_one(args: argparse.Namespace, corpus_name: str, corpus, name: str, out: Path) -> dict:
+    over = _overrides(name, corpus.vocab.size, args.seq_len, args.dropout)
+    task = LMTask(
+        corpus,
+        batch_size=args.batch,
+        seq_len=args.seq_len,
+        seed=args.seed,
+        eval_batch_size=args.eval_batch,
+        eval_tokens=args.eval_tokens,
+    )
+    steps = _steps_per_budget(name, over, task, args.time_budget, args.seed)
+    torch.manual_seed(args.seed)
+    model = create_model(name, **over)
+    config = TrainConfig(
+        steps=steps,
+        lr=args.lr,
+        warmup=min(args.warmup, steps // 10),
+        time_budget=args.time_budget,
+        eval_every=None,
+        device="cpu",
+        seed=args.seed,
+        clip=args.clip,
+        out_dir=None,
+        model_name=name,
+        progress=False,
+    )
+    t0 = time.monotonic()
+    history = train(model, task, config)
+    train_s = time.monotonic() - t0
+    t1 = time.monotonic()
+    ev = task.evaluate(model, "valid")
+    record = {
+        "kind": "result",
+        "benchmark": "xl_vs_vanilla",
+        "corpus": corpus_name,
+        "fingerprint": corpus.fingerprint,
+        "model": name,
+        "overrides": over,
+        "params": sum(p.numel() for p in model.parameters()),
+        "batch": args.batch,
+        "seq_len": args.seq_len,
+        "schedule_steps": steps,
+        "steps": history.step,
+        "stop_reason": history.stop_reason,
+        "train_seconds": train_s,
+        "tokens_seen": history.step * args.batch * args.seq_len,
+        "metric": task.metric_name,
+        "val": ev[task.metric_name],
+        "val_loss": ev["loss"],
+        "val_tokens": ev["tokens"],
+        "eval_seconds": time.monotonic() - t1,
+    }
+    if not name.startswith("vanilla"):
+        longer = {"mem_len": args.eval_mem}
+        if name.startswith("compressive"):
+            longer = {"mem_len": args.eval_mem // 2, "cmem_len": args.eval_mem // 2}
+        ev_long = task.evaluate(reconfigure(model, **longer), "valid")
+        record["eval_longer_memory"] = longer
+        record["val_longer_memory"] = ev_long[task.metric_name]
+    record["loadavg_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
+    with open(out / "results.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")
+    logging.info("%s", json.dumps(record))
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--corpora", nargs="+", default=list(CORPORA), choices=list(CORPORA))
+    p.add_argument("--models", nargs="+", default=list(MODELS))
+    p.add_argument("--time-budget", type=float, default=150.0, help="seconds per model per corpus")
+    p.add_argument("--seq-len", type=int, default=64, help="segment length T (all models)")
+    p.add_argument("--eval-mem", type=int, default=256, help="longer evaluation memory")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup", type=int, default=50)
+    p.add_argument("--clip", type=float, default=0.25, help="grad-norm clip (XL scripts: 0.25)")
+    p.add_argument("--dropout", type=float, default=0.0, help="short runs see < 1 epoch")
+    p.add_argument("--eval-batch", type=int, default=8)
+    p.add_argument("--eval-tokens", type=int, default=None, help="cap on validation tokens")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1 on a shared box)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="benchmarks/out/xl_vs_vanilla")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = _environment()
+    env["command"] = " ".join([sys.executable, *sys.argv])
+    with open(out / "results.jsonl", "a") as f:
+        f.write(json.dumps(env) + "\n")
+    rows = []
+    for corpus_name in args.corpora:
+        path, fmt = CORPORA[corpus_name]
+        corpus = load_corpus(path, fmt)
+        for name in args.models:
+            rows.append(run_one(args, corpus_name, corpus, name, out))
+    print(f"\nT={args.seq_len}, batch {args.batch}, {args.time_budget:.0f} s/run, "
+          f"{args.threads} thread(s), loadavg {env['loadavg']}")  # fmt: skip
+    print(f"{'corpus':<16} {'model':<18} {'steps':>6} {'tokens':>9} {'metric':>6} "
+          f"{'val':>8} {'val, eval mem ' + str(args.eval_mem):>20}")  # fmt: skip
+    for r in rows:
+        longer = r.get("val_longer_memory")
+        longer_s = f"{longer:.3f}" if longer is not None else "-"
+        print(f"{r['corpus']:<16} {r['model']:<18} {r['steps']:>6} {r['tokens_seen']:>9} "
+              f"{r['metric']:>6} {r['val']:>8.3f} {longer_s:>20}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
