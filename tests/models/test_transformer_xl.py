@@ -277,3 +277,26 @@ def test_recall_from_previous_segment_needs_memory():
     without = _train_recall(mem_len=0)
     assert with_mem > 0.9, with_mem
     assert without < 0.25, without
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["xl-tiny", "compressive-tiny"])
+def test_cuda_matches_cpu_and_runs_under_bf16(name):
+    """Device handling: every index, mask and sinusoid is built on the input's device."""
+    torch.manual_seed(0)
+    cpu = create_model(name).eval()
+    gpu = create_model(name).eval().cuda()
+    gpu.load_state_dict(cpu.state_dict())
+    ids = _ids(2, 16)
+    a1 = cpu(ids, targets=ids)
+    b1 = gpu(ids.cuda(), targets=ids.cuda())
+    a2 = cpu(ids, targets=ids, state=a1.state)
+    b2 = gpu(ids.cuda(), targets=ids.cuda(), state=b1.state)
+    assert_close(b2.logits.cpu(), a2.logits, rtol=1e-4, atol=1e-4)
+    gpu.train()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = gpu(ids.cuda(), targets=ids.cuda(), state=b1.state)
+    out.total_loss.backward()
+    assert torch.isfinite(out.loss)
+    ids_out, _ = generate(gpu.eval(), ids[:1].cuda(), 4, temperature=0)
+    assert ids_out.shape == (1, 20)
