@@ -788,3 +788,143 @@ class GlueTask:
             f"GlueTask({self.spec.name!r}, data={str(self.data_dir)!r}, batch_size="
             f"{self.batch_size}, max_len={self.max_len}, seed={self.seed})"
         )
+
+
+# --------------------------------------------------------------------------------------------
+# Command line: python -m effiformer.tasks.glue (the `effiformer train` CLI has no --task yet)
+# --------------------------------------------------------------------------------------------
+
+
+def classifier_from_checkpoint(directory: PathLike, n_labels: int) -> nn.Module:
+    """A classifier initialised from a pretraining checkpoint (run or checkpoint directory)
+    written by :func:`effiformer.train.train` on an :class:`~effiformer.tasks.mlm.MLMTask`:
+    Funnel MLM (``funnel.encoder.*``) or ELECTRA (``discriminator.encoder.*``) weights go into
+    an encoder-only Funnel classifier; a dense encoder is wrapped in :class:`SequenceClassifier`.
+    """
+    from safetensors import safe_open
+
+    from ..checkpoint import WEIGHTS, CheckpointError, load_config, load_model
+    from ..models.funnel import FunnelConfig, FunnelForSequenceClassification
+    from ..train import resolve_checkpoint
+
+    d = resolve_checkpoint(directory)
+    config = load_config(d)
+    if not isinstance(config, FunnelConfig):
+        return SequenceClassifier(load_model(d), n_labels)
+    with safe_open(str(d / WEIGHTS), framework="pt") as f:
+        keys = list(f.keys())
+        for prefix in ("funnel.encoder.", "discriminator.encoder."):
+            enc = {k[len(prefix) :]: f.get_tensor(k) for k in keys if k.startswith(prefix)}
+            if enc:
+                break
+    if not enc:
+        raise CheckpointError(f"{d / WEIGHTS} holds no Funnel encoder weights")
+    clf = FunnelForSequenceClassification(config, n_labels)
+    try:
+        clf.funnel.encoder.load_state_dict(enc)
+    except RuntimeError as e:
+        raise CheckpointError(f"{d / WEIGHTS}: encoder weights do not fit its config: {e}") from e
+    return clf
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m effiformer.tasks.glue finetune|eval``: fine-tune a pretraining checkpoint on
+    a GLUE task, or evaluate a fine-tuned checkpoint (see docs/glue.md)."""
+    import argparse
+    import json
+    import logging
+    import sys
+
+    from ..train import TrainConfig, train
+
+    p = argparse.ArgumentParser(prog="python -m effiformer.tasks.glue", description=main.__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    ft = sub.add_parser("finetune", help="fine-tune a pretraining checkpoint")
+    ft.add_argument("--init", required=True, help="pretraining run or checkpoint directory")
+    ft.add_argument("--task", required=True, choices=list(GLUE_TASKS))
+    ft.add_argument("--data", required=True, help="the task's folder, e.g. .../glue/SST-2")
+    ft.add_argument("--batch", type=int, default=32)
+    ft.add_argument("--max-len", type=int, default=128)
+    ft.add_argument("--steps", type=int, default=1000)
+    ft.add_argument("--lr", type=float, default=1e-4)
+    ft.add_argument("--warmup", type=int, default=100)
+    ft.add_argument("--time-budget", type=float)
+    ft.add_argument("--eval-every", type=int, default=200)
+    ft.add_argument("--seed", type=int, default=0)
+    ft.add_argument("--device", default="auto")
+    ft.add_argument("--out", required=True)
+    ev = sub.add_parser("eval", help="evaluate a fine-tuned checkpoint")
+    ev.add_argument("checkpoint", help="fine-tuning run or checkpoint directory")
+    ev.add_argument("--split", default="dev", help="dev (default), train, or test (MRPC)")
+    ev.add_argument("--data", help="the task's folder (default: the one recorded at training)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from ..checkpoint import CheckpointError
+    from ..data.tokenizer import TokenizerError
+
+    try:
+        if args.command == "finetune":
+            from ..train import resolve_checkpoint
+
+            init = resolve_checkpoint(args.init)
+            tokenizer = SubwordTokenizer.load(init)
+            task = GlueTask(
+                args.task,
+                args.data,
+                tokenizer,
+                max_len=args.max_len,
+                batch_size=args.batch,
+                seed=args.seed,
+            )
+            torch.manual_seed(args.seed)
+            model = classifier_from_checkpoint(init, task.spec.num_labels)
+            hist = train(
+                model,
+                task,
+                TrainConfig(
+                    steps=args.steps,
+                    lr=args.lr,
+                    warmup=args.warmup,
+                    weight_decay=0.01,
+                    time_budget=args.time_budget,
+                    eval_every=args.eval_every,
+                    eval_split="valid",
+                    seed=args.seed,
+                    device=args.device,
+                    out_dir=args.out,
+                    model_name=f"{task.name}-from-{init.parent.name}",
+                ),
+            )
+            print(json.dumps({"task": task.name, "step": hist.step, **hist.evals[-1]}))
+            return 0
+        model, meta = load_classifier(args.checkpoint)
+        saved = meta["task"]
+        tokenizer = SubwordTokenizer.load(meta["path"])
+        task = GlueTask(
+            saved["task"].removeprefix("glue-"),
+            args.data or saved["data"],
+            tokenizer,
+            max_len=saved["max_len"],
+            batch_size=1,
+            eval_batch_size=saved["eval_batch_size"],
+        )
+        result = task.evaluate(model, args.split)
+        print(
+            json.dumps(
+                {
+                    "checkpoint": meta["path"],
+                    "task": task.name,
+                    "split": args.split,
+                    "step": meta.get("step"),
+                    **result,
+                }
+            )
+        )
+        return 0
+    except (ValueError, FileNotFoundError, KeyError, CheckpointError, TokenizerError) as e:
+        print(f"effiformer.tasks.glue: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -548,3 +548,122 @@ class MLMTask:
             f"vocab_size={self.tokenizer.vocab_size}, batch_size={self.batch_size}, "
             f"seq_len={self.seq_len}, seed={self.seed})"
         )
+
+
+# ------------------------------------------------------------------------------------------------
+# Command line: python -m effiformer.tasks.mlm (the `effiformer train` CLI has no --task yet)
+# ------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m effiformer.tasks.mlm NAME --text PATH --out DIR``: MLM/ELECTRA pretraining of
+    a registered encoder; the tokenizer is trained on the text and saved in every checkpoint."""
+    import argparse
+    import json
+    import sys
+
+    from ..config import parse_overrides, replace_config
+    from ..data import load_corpus
+    from ..registry import build_model, get_config, get_spec
+    from ..train import TrainConfig, train
+
+    p = argparse.ArgumentParser(prog="python -m effiformer.tasks.mlm", description=main.__doc__)
+    p.add_argument("name", help="registered model, e.g. funnel-tiny, vanilla-small (causal=False)")
+    p.add_argument("--text", help="UTF-8 text file or folder (split 95/5 by lines)")
+    p.add_argument("--data", help="a corpus for the LM readers (with --format)")
+    p.add_argument("--format", help="corpus format of --data (enwik8, text8, ptb, text, ...)")
+    p.add_argument("--tokenizer", help="an existing tokenizer.json (default: train one)")
+    p.add_argument("--vocab-size", type=int, default=8000)
+    p.add_argument("--objective", choices=("mlm", "electra"), default="mlm")
+    p.add_argument("--generator-scale", type=int, default=4, help="ELECTRA: generator dim = dim/N")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--time-budget", type=float)
+    p.add_argument("--eval-every", type=int, default=200)
+    p.add_argument("--eval-windows", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        tokenizer = None if args.tokenizer is None else SubwordTokenizer.load(args.tokenizer)
+        common = {
+            "objective": args.objective,
+            "batch_size": args.batch,
+            "seq_len": args.seq_len,
+            "seed": args.seed,
+            "eval_windows": args.eval_windows,
+        }
+        if (args.text is None) == (args.data is None):
+            raise ValueError("give exactly one of --text PATH or --data PATH --format FORMAT")
+        if args.text is not None:
+            lines = read_texts(args.text)
+            k = max(1, len(lines) // 20)
+            task = MLMTask.from_texts(
+                lines[:-k],
+                lines[-k:],
+                tokenizer,
+                vocab_size=args.vocab_size,
+                name=Path(args.text).name,
+                data_spec={"text": str(Path(args.text).resolve())},
+                **common,
+            )
+        else:
+            if args.format is None:
+                raise ValueError("--data needs --format")
+            task = MLMTask.from_corpus(
+                load_corpus(args.data, args.format),
+                tokenizer,
+                vocab_size=args.vocab_size,
+                data_spec={"path": str(Path(args.data).resolve()), "format": args.format},
+                **common,
+            )
+        base = get_spec(args.name).config
+        overrides = parse_overrides(type(base), args.set)
+        overrides.update(vocab_size=task.tokenizer.vocab_size, seq_len=max(args.seq_len, 16))
+        if "causal" in type(base).field_names() and base.family == "vanilla":
+            overrides.setdefault("causal", False)
+        config = get_config(args.name, **overrides)
+        torch.manual_seed(args.seed)
+        if args.objective == "electra":
+            from ..models.funnel import FunnelConfig, FunnelElectra
+
+            if not isinstance(config, FunnelConfig):
+                raise ValueError("--objective electra needs a Funnel model (funnel-*)")
+            g_heads = max(1, config.n_heads // args.generator_scale)
+            g_config = replace_config(
+                config, dim=config.dim // args.generator_scale, n_heads=g_heads, head_dim=None
+            )
+            model: nn.Module = FunnelElectra(config, g_config)
+        else:
+            model = build_model(config)
+        hist = train(
+            model,
+            task,
+            TrainConfig(
+                steps=args.steps,
+                lr=args.lr,
+                warmup=args.warmup,
+                time_budget=args.time_budget,
+                eval_every=args.eval_every,
+                seed=args.seed,
+                device=args.device,
+                out_dir=args.out,
+                model_name=args.name,
+            ),
+        )
+    except (ValueError, FileNotFoundError, KeyError) as e:
+        print(f"effiformer.tasks.mlm: error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps({"step": hist.step, **(hist.evals[-1] if hist.evals else {})}))
+    print(f"checkpoint {hist.checkpoint} (with tokenizer.json)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
