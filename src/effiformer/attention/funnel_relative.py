@@ -164,9 +164,12 @@ class _FunnelCore(torch.autograd.Function):
         scores = qa.new_empty(b, h, tq, tk)
         if qv is not None:
             for i0, i1 in _chunks(tq):
+                c = i1 - i0
                 lo = shift * (tq - i1)
-                r_c = r[:, lo : lo + tk + shift * (i1 - i0)]  # (H, Tk + shift*c, Dh)
-                full = qv[:, :, i0:i1] @ r_c.transpose(-1, -2)[None]  # (B, H, c, Tk + shift*c)
+                r_c = r[:, lo : lo + tk + shift * c]  # (H, Tk + shift*c, Dh)
+                q_c = qv[:, :, i0:i1].transpose(0, 1).reshape(h, b * c, -1)  # (H, B*c, Dh)
+                full = torch.bmm(q_c, r_c.transpose(1, 2))  # (H, B*c, Tk + shift*c)
+                full = full.view(h, b, c, -1).transpose(0, 1)  # (B, H, c, Tk + shift*c)
                 scores[:, :, i0:i1] = relative_shift(full, tk, shift)
             _bhv(scores).baddbmm_(_bhv(qa), _bhv(ka).transpose(1, 2))
         else:
@@ -206,13 +209,20 @@ class _FunnelCore(torch.autograd.Function):
             grad_qv = torch.empty_like(qv)
             grad_r = torch.zeros_like(r)
             for i0, i1 in _chunks(tq):
+                c = i1 - i0
                 lo = shift * (tq - i1)
-                width = tk + shift * (i1 - i0)
-                r_c = r[:, lo : lo + width]
-                g = grad_s.new_zeros(b, h, i1 - i0, width)  # (B, H, c, Tk + shift*c)
-                relative_shift(g, tk, shift).copy_(grad_s[:, :, i0:i1])
-                grad_qv[:, :, i0:i1] = g @ r_c[None]
-                grad_r[:, lo : lo + width] += (g.transpose(-1, -2) @ qv[:, :, i0:i1]).sum(0)
+                width = tk + shift * c
+                r_c = r[:, lo : lo + width]  # (H, width, Dh)
+                g = grad_s.new_empty(h, b, c, width)  # (H, B, c, width)
+                # Zero only what the shifted view does not cover, then write the view.
+                flat = g.view(h, b, c * width)
+                flat[..., : shift * c].zero_()
+                flat[..., shift * c :].view(h, b, c, width - shift)[..., tk:].zero_()
+                relative_shift(g.transpose(0, 1), tk, shift).copy_(grad_s[:, :, i0:i1])
+                g = g.view(h, b * c, width)
+                q_c = qv[:, :, i0:i1].transpose(0, 1).reshape(h, b * c, -1)  # (H, B*c, Dh)
+                grad_qv[:, :, i0:i1] = torch.bmm(g, r_c).view(h, b, c, -1).transpose(0, 1)
+                grad_r[:, lo : lo + width] += torch.bmm(g.transpose(1, 2), q_c)
         return grad_qa, grad_ka, grad_v, grad_qv, grad_r, None, None, None
 
 
