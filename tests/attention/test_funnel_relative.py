@@ -1,0 +1,233 @@
+"""Funnel relative attention: relative shift = naive gather = factorized, the fused forward equals
+the textbook scores (values and gradients), cls-mask, token types, degenerate limit = dense."""
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from effiformer.attention import AttentionMask, DenseAttention
+from effiformer.attention.funnel_relative import (
+    FunnelPositions,
+    FunnelRelativeAttention,
+    _FunnelCore,
+    rel_sinusoid,
+    relative_distances,
+)
+from effiformer.layers.pooling import pool_positions
+
+D, H, DH = 16, 2, 8
+F64 = torch.float64
+
+
+def _attn(seed=0):
+    torch.manual_seed(seed)
+    return FunnelRelativeAttention(D, H, DH).to(F64)
+
+
+def _positions(kind, shift, tq_types=None, tk_types=None, cls_first=True, t=9):
+    k_pos = torch.arange(t)
+    q_pos = k_pos if shift == 1 else pool_positions(k_pos, 1)
+    if kind == "relative_shift":
+        rel = rel_sinusoid(relative_distances(q_pos, k_pos, shift), D)
+        p = FunnelPositions(
+            kind, rel=rel, shift=shift, q_types=tq_types, k_types=tk_types, cls_first=cls_first
+        )
+    else:
+        sq, cq = rel_sinusoid(q_pos, D).chunk(2, -1)
+        sk, ck = rel_sinusoid(k_pos, D).chunk(2, -1)
+        p = FunnelPositions(
+            kind,
+            enc=(sq, cq, sk, ck),
+            shift=shift,
+            q_types=tq_types,
+            k_types=tk_types,
+            cls_first=cls_first,
+        )
+    return p, q_pos, k_pos
+
+
+@pytest.mark.parametrize("shift", [1, 2])
+def test_relative_shift_equals_naive_gather_and_factorized(shift):
+    att = _attn()
+    x = torch.randn(2, 9, D, dtype=F64)
+    _, q_pos, k_pos = _positions("relative_shift", shift)
+    xq = x[:, : len(q_pos)] if shift == 2 else x
+    q = att._heads(att.q_proj(xq)) * att.scale
+    # naive: (q + v) . W_r R(pos_i - pos_j) for every pair, gathered one by one
+    qv = q + att.r_r_bias[:, None, :] * att.scale
+    naive = torch.empty(2, H, len(q_pos), len(k_pos), dtype=F64)
+    for i, pi in enumerate(q_pos.tolist()):
+        for j, pj in enumerate(k_pos.tolist()):
+            r = rel_sinusoid(torch.tensor([pi - pj]), D)[0]  # (D,)
+            wr = torch.einsum("d,dnh->nh", r, att.r_kernel)  # (H, Dh)
+            naive[:, :, i, j] = (qv[:, :, i] * wr[None]).sum(-1)
+    # the relative-shift and factorized forms, through the textbook scores with the other
+    # terms switched off (zero u, token-type parameters) and no cls-mask
+    with torch.no_grad():
+        att.r_w_bias.zero_()
+        att.r_s_bias.zero_()
+        att.seg_embed.zero_()
+    content = q @ att._heads(att.k_proj(x)).transpose(-1, -2)
+    for kind in ("relative_shift", "factorized"):
+        p, _, _ = _positions(kind, shift, cls_first=False)
+        s = att.scores(xq, kv=x if shift == 2 else None, positions=p)
+        assert_close(s - content, naive, rtol=1e-10, atol=1e-10)
+
+
+def test_distance_table_entries():
+    q_pos, k_pos = torch.tensor([-1, 1, 3, 5]), torch.arange(8)
+    table = relative_distances(q_pos, k_pos, 2)
+    assert table.numel() == 8 + 2 * 4
+    for i in range(4):
+        for j in range(8):
+            assert table[2 * (4 - i) + j] == q_pos[i] - k_pos[j]
+
+
+@pytest.mark.parametrize("kind", ["relative_shift", "factorized"])
+@pytest.mark.parametrize("shift", [1, 2])
+def test_fused_forward_equals_textbook_scores_values_and_gradients(kind, shift):
+    att = _attn(1)
+    b, t = 2, 9
+    p0, q_pos, _ = _positions(kind, shift)
+    tq = len(q_pos)
+    g = torch.Generator().manual_seed(0)
+    qt = torch.randint(0, 2, (b, tq), generator=g)
+    kt = torch.randint(0, 2, (b, t), generator=g)
+    qt[:, 0], kt[:, 0] = 2, 2
+    kt[1, 4] = 2  # a [CLS]-typed token in the middle counts as the same segment as everyone
+    p, _, _ = _positions(kind, shift, qt, kt)
+    x = torch.randn(b, tq, D, dtype=F64, requires_grad=True)
+    kv = torch.randn(b, t, D, dtype=F64, requires_grad=True)
+    keep = torch.ones(b, t, dtype=torch.bool)
+    keep[0, -3:] = False
+    mask = AttentionMask(key_padding=keep)
+    out = att(x, kv=kv, mask=mask, positions=p).out
+    s = att.scores(x, kv=kv, mask=mask, positions=p)
+    _, _, v = att._project(x, kv)
+    o = (torch.softmax(s, -1) @ v).transpose(1, 2).reshape(b, tq, H * DH)
+    ref = att.o_proj(o)
+    assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    params = [x, kv, *att.parameters()]
+    g1 = torch.autograd.grad((out * ref.detach()).sum(), params)
+    g2 = torch.autograd.grad((ref * ref.detach()).sum(), params)
+    for a, c in zip(g1, g2):
+        assert_close(a, c, rtol=1e-9, atol=1e-10)
+
+
+def test_relative_shift_chunks_agree(monkeypatch):
+    import effiformer.attention.funnel_relative as fr
+
+    att = _attn(2)
+    p, _, _ = _positions("relative_shift", 1, t=11)
+    x = torch.randn(1, 11, D, dtype=F64, requires_grad=True)
+    a = att(x, positions=p).out
+    ga = torch.autograd.grad(a.square().sum(), [x, att.r_kernel])
+    monkeypatch.setattr(fr, "_CHUNK", 4)
+    b = att(x, positions=p).out
+    gb = torch.autograd.grad(b.square().sum(), [x, att.r_kernel])
+    assert_close(a, b, rtol=1e-12, atol=1e-12)
+    for u, w in zip(ga, gb):
+        assert_close(u, w, rtol=1e-10, atol=1e-12)
+
+
+def test_cls_mask_zeroes_position_and_token_type_terms_on_row_and_column_zero():
+    att = _attn(3)
+    tt = torch.tensor([[2, 0, 0, 0, 1, 1, 1, 1, 1]])
+    p, _, _ = _positions("relative_shift", 1, tt, tt)
+    x = torch.randn(1, 9, D, dtype=F64)
+    s = att.scores(x, positions=p)
+    q, k, _ = att._project(x, None)
+    content = (q + att.r_w_bias[:, None] * att.scale) @ k.transpose(-1, -2)
+    # [CLS] logits are the content-only score; every other entry is not
+    assert_close(s[..., 0, :], content[..., 0, :])
+    assert_close(s[..., :, 0], content[..., :, 0])
+    assert (s[..., 1:, 1:] - content[..., 1:, 1:]).abs().min() > 1e-6
+    # the output at [CLS] ignores the relative parameters; other rows do not
+    out = att(x, positions=p).out
+    with torch.no_grad():
+        att.r_kernel.mul_(3.0)
+        att.seg_embed.add_(0.5)
+    out2 = att(x, positions=p).out
+    assert_close(out[:, 0], out2[:, 0])
+    assert not torch.allclose(out[:, 1:], out2[:, 1:])
+
+
+def test_token_types_change_scores_only_across_segments():
+    att = _attn(4)
+    same = torch.zeros(1, 9, dtype=torch.long)
+    split = same.clone()
+    split[0, 5:] = 1
+    x = torch.randn(1, 9, D, dtype=F64)
+    a = att.scores(x, positions=_positions("relative_shift", 1, same, same, cls_first=False)[0])
+    b = att.scores(x, positions=_positions("relative_shift", 1, split, split, cls_first=False)[0])
+    diff = (a - b).abs()[0, 0]
+    assert diff[:5, :5].max() < 1e-12 and diff[5:, 5:].max() < 1e-12
+    assert diff[:5, 5:].min() > 1e-9 and diff[5:, :5].min() > 1e-9
+
+
+def test_degenerate_limit_is_dense_attention_and_differs_away_from_it():
+    att = _attn(5)
+    dense = DenseAttention(D, H, DH).to(F64)
+    with torch.no_grad():
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            getattr(dense, name).weight.copy_(getattr(att, name).weight)
+            if name != "q_proj":
+                getattr(dense, name).bias.copy_(getattr(att, name).bias)
+        dense.q_proj.bias.zero_()
+    x = torch.randn(2, 9, D, dtype=F64)
+    keep = torch.ones(2, 9, dtype=torch.bool)
+    keep[1, 6:] = False
+    mask = AttentionMask(key_padding=keep)
+    p, _, _ = _positions(
+        "relative_shift",
+        1,
+        torch.zeros(2, 9, dtype=torch.long),
+        torch.zeros(2, 9, dtype=torch.long),
+    )
+    away = att(x, mask=mask, positions=p).out
+    assert not torch.allclose(away, dense(x, mask=mask).out, atol=1e-4)
+    with torch.no_grad():
+        for prm in (att.r_w_bias, att.r_r_bias, att.r_s_bias, att.r_kernel, att.seg_embed):
+            prm.zero_()
+    assert_close(att(x, mask=mask, positions=p).out, dense(x, mask=mask).out)
+
+
+def test_padding_keys_do_not_change_the_output():
+    att = _attn(6)
+    p, _, _ = _positions("relative_shift", 1)
+    x = torch.randn(1, 9, D, dtype=F64)
+    keep = torch.ones(1, 9, dtype=torch.bool)
+    keep[0, 7:] = False
+    y = x.clone()
+    y[0, 7:] = torch.randn(2, D, dtype=F64)
+    m = AttentionMask(key_padding=keep)
+    assert_close(att(x, mask=m, positions=p).out[:, :7], att(y, mask=m, positions=p).out[:, :7])
+
+
+def test_core_gradcheck_with_dropout_mask():
+    torch.manual_seed(0)
+    b, h, tq, tk, e, dh, shift = 1, 2, 3, 5, 4, 3, 1
+    qa = torch.randn(b, h, tq, e, dtype=F64, requires_grad=True)
+    ka = torch.randn(b, h, tk, e, dtype=F64, requires_grad=True)
+    v = torch.randn(b, h, tk, dh, dtype=F64, requires_grad=True)
+    qv = torch.randn(b, h, tq, dh, dtype=F64, requires_grad=True)
+    r = torch.randn(h, tk + shift * tq, dh, dtype=F64, requires_grad=True)
+    keep = torch.rand(b, h, tq, tk) > 0.3
+    assert torch.autograd.gradcheck(
+        lambda *a: _FunnelCore.apply(*a, shift, 0.3, keep), (qa, ka, v, qv, r)
+    )
+    assert torch.autograd.gradcheck(
+        lambda *a: _FunnelCore.apply(*a, None, None, shift, 0.0, None), (qa, ka, v)
+    )
+
+
+def test_bad_inputs_get_clear_errors():
+    att = _attn()
+    x = torch.randn(1, 9, D, dtype=F64)
+    with pytest.raises(ValueError, match="FunnelPositions"):
+        att(x)
+    p, _, _ = _positions("relative_shift", 1)
+    with pytest.raises(ValueError, match="bidirectional"):
+        att(x, mask=AttentionMask(causal=True), positions=p)
+    with pytest.raises(ValueError, match="positions.rel"):
+        att(x[:, :5], positions=p)
