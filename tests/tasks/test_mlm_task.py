@@ -170,7 +170,7 @@ def test_corpus_texts_and_read_texts(tmp_path) -> None:
 
 
 def test_mlm_and_electra_train_through_the_trainer() -> None:
-    task = _task()
+    task = _task(eval_windows=4)
     vocab = task.tokenizer.vocab_size
     for model in (
         create_model("vanilla-tiny", vocab_size=vocab, causal=False, seq_len=16),
@@ -184,7 +184,7 @@ def test_mlm_and_electra_train_through_the_trainer() -> None:
         assert ev["val_mlm_loss"] == ev["val_loss"]
     config = get_config("funnel-tiny", vocab_size=vocab, seq_len=16)
     electra = FunnelElectra(config, replace_config(config, dim=32))
-    etask = _task(objective="electra")
+    etask = _task(objective="electra", eval_windows=4)
     hist = train(electra, etask, TrainConfig(steps=2, warmup=1, eval_every=None, progress=False))
     ev = hist.evals[-1]
     assert ev["val_loss"] > ev["val_mlm_loss"] > 0 and 0.0 <= ev["val_disc_accuracy"] <= 1.0
