@@ -808,3 +808,6 @@ register_model(
     FunnelConfig(block_sizes=(10, 10, 10), **_H1024),
     "B10-10-10H1024: d 1024, 16x64 heads, d_inner 4096, + 2-layer decoder, MLM head",
 )
+
+# The HF checkpoint loader registers the ``hf-funnel`` bench reference (transformers optional).
+from . import hf_funnel as _hf_funnel  # noqa: E402, F401
