@@ -14,6 +14,7 @@ table. Every model gets ``--time-budget`` seconds of training per corpus.
 
     python benchmarks/xl_vs_vanilla.py                                  # both corpora, 150 s/run
     python benchmarks/xl_vs_vanilla.py --corpora tinyshakespeare --time-budget 60
+    python benchmarks/xl_vs_vanilla.py --set dim=128 n_heads=4 n_layers=2 ffn_dim=512 --batch 8
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from pathlib import Path
 
 import torch
 
-from effiformer import create_model
+from effiformer import create_model, get_config
+from effiformer.config import parse_overrides
 from effiformer.data import load_corpus
 from effiformer.models.transformer_xl import reconfigure
 from effiformer.tasks import LMTask
@@ -71,8 +73,9 @@ def _environment() -> dict:
     }
 
 
-def _overrides(name: str, vocab: int, seq_len: int, dropout: float) -> dict:
+def _overrides(name: str, vocab: int, seq_len: int, dropout: float, sets: list[str]) -> dict:
     over = {"vocab_size": vocab, "seq_len": seq_len, "dropout": dropout}
+    over.update(parse_overrides(type(get_config(name)), sets))
     if name.startswith("xl-"):
         over["mem_len"] = seq_len
     elif name.startswith("compressive-"):
@@ -100,7 +103,7 @@ def _steps_per_budget(name: str, over: dict, task: LMTask, budget: float, seed: 
 
 
 def run_one(args: argparse.Namespace, corpus_name: str, corpus, name: str, out: Path) -> dict:
-    over = _overrides(name, corpus.vocab.size, args.seq_len, args.dropout)
+    over = _overrides(name, corpus.vocab.size, args.seq_len, args.dropout, args.set)
     task = LMTask(
         corpus,
         batch_size=args.batch,
@@ -180,6 +183,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-batch", type=int, default=8)
     p.add_argument("--eval-tokens", type=int, default=None, help="cap on validation tokens")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 on a shared box)")
+    p.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config overrides applied to every model alike, e.g. dim=128 n_layers=2 ffn_dim=512",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="benchmarks/out/xl_vs_vanilla")
     args = p.parse_args(argv)
@@ -198,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.models:
             rows.append(run_one(args, corpus_name, corpus, name, out))
     print(f"\nT={args.seq_len}, batch {args.batch}, {args.time_budget:.0f} s/run, "
-          f"{args.threads} thread(s), loadavg {env['loadavg']}")  # fmt: skip
+          f"{args.threads} thread(s), overrides {args.set}, loadavg {env['loadavg']}")  # fmt: skip
     print(f"{'corpus':<16} {'model':<18} {'steps':>6} {'tokens':>9} {'metric':>6} "
           f"{'val':>8} {'val, eval mem ' + str(args.eval_mem):>20}")  # fmt: skip
     for r in rows:
