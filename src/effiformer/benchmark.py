@@ -72,6 +72,7 @@ from .registry import build_model, get_config, get_spec, list_models
 __all__ = [
     "DEFAULT_NAMES",
     "DEFAULT_LENGTHS",
+    "DEFAULT_REFS",
     "BenchResult",
     "CellSpec",
     "Workload",
@@ -93,6 +94,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_NAMES = ("vanilla-small",)
 DEFAULT_LENGTHS = (256, 512, 1024, 2048, 4096)
+DEFAULT_REFS = ("sdpa",)
 RESULTS = "results.jsonl"
 PLOT = "bench.png"
 CPU_RESERVE_MIB = 1024
@@ -100,7 +102,7 @@ CUDA_RESERVE_MIB = 512
 
 MEASURED = (
     "fwd_ms", "fwd_ms_samples", "fwd_bwd_ms", "fwd_bwd_ms_samples", "peak_mib", "memory_method",
-    "flops_fwd", "flops_fwd_bwd", "tflops_fwd", "tflops_fwd_bwd", "mfu_fwd", "mfu",
+    "flops_fwd", "flops_fwd_bwd", "tflops_fwd", "tflops_fwd_bwd", "mfu_fwd", "mfu", "cell_s",
 )  # fmt: skip
 
 
@@ -319,10 +321,12 @@ def _run_cell_process(cell: dict[str, Any], timeout: float | None) -> dict[str, 
             env["OMP_NUM_THREADS"] = str(cell["threads"])
         cmd = [sys.executable, "-m", "effiformer.benchmark", "--cell", str(cell_path),
                "--result", str(result_path)]  # fmt: skip
+        t0 = time.perf_counter()
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         except subprocess.TimeoutExpired:
             return {"error": f"cell process timed out after {timeout:g} s (--cell-timeout)"}
+        wall = time.perf_counter() - t0
         result = None
         if result_path.is_file():
             try:
@@ -330,7 +334,7 @@ def _run_cell_process(cell: dict[str, Any], timeout: float | None) -> dict[str, 
             except json.JSONDecodeError:
                 result = None
         if proc.returncode == 0 and result is not None and "error" not in result:
-            return result
+            return {**result, "cell_s": wall}
         tail = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()][-1:]
         if result is not None and "error" in result:
             return {"error": result["error"]}
@@ -358,7 +362,7 @@ def run_bench(
     repeats: int = 5,
     warmup: int = 1,
     out: str | os.PathLike = "bench-out",
-    refs: Sequence[str] = ("*",),
+    refs: Sequence[str] | None = None,
     refs_only: bool = False,
     plugins: Sequence[str] = (),
     max_memory_mib: float | None = None,
@@ -370,9 +374,11 @@ def run_bench(
 ) -> BenchResult:
     """Benchmark ``names`` (registered names or globs) at ``lengths`` and write ``out``.
 
-    With no ``names``: :data:`DEFAULT_NAMES`, both parts. ``parts`` defaults to ``("model",)``
-    when names are given. ``overrides`` are ``KEY=VALUE`` config items (as ``--set``). ``refs``
-    are globs over reference names (``("none",)`` for none); ``refs_only`` drops the model rows.
+    With no ``names``: the default set, :data:`DEFAULT_NAMES` with both parts and the ``sdpa``
+    reference only. ``parts`` defaults to ``("model",)`` when names are given. ``overrides`` are
+    ``KEY=VALUE`` config items (as ``--set``). ``refs`` are globs over reference names
+    (``("none",)`` for none; default: every matching reference, ``sdpa`` only for the default set);
+    ``refs_only`` drops the model rows.
     Returns every record; skipped cells are records with ``status="skipped"`` and a ``reason``.
     """
     for v, what in ((batch, "batch"), (repeats, "repeats")):
@@ -408,6 +414,8 @@ def run_bench(
     for p in parts:
         if p not in PARTS:
             raise ValueError(f"part must be one of {list(PARTS)}, got {p!r}")
+    if refs is None:
+        refs = ("*",) if names else DEFAULT_REFS
     names = resolve_names(names) if names else list(DEFAULT_NAMES)
     for plugin in plugins:
         load_plugin(plugin)
@@ -587,8 +595,8 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     """Declare the ``effiformer bench`` arguments on ``p``."""
     p.add_argument(
         "names", nargs="*", metavar="NAME",
-        help="registered names or globs (default: "
-        f"{' '.join(DEFAULT_NAMES)} with --part both at the default lengths)",
+        help="registered names or globs (default set: "
+        f"{' '.join(DEFAULT_NAMES)}, --part both, the default lengths, --refs sdpa)",
     )  # fmt: skip
     p.add_argument(
         "--lengths", nargs="+", type=_positive_int, default=list(DEFAULT_LENGTHS), metavar="T",
@@ -619,8 +627,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
         help="plain warm-up runs after the two FLOP-counting passes (default: 1)",
     )  # fmt: skip
     p.add_argument(
-        "--refs", nargs="+", default=["*"], metavar="PATTERN",
-        help="reference rows to include, globs over their names, or 'none' (default: all)",
+        "--refs", nargs="+", default=None, metavar="PATTERN",
+        help="reference rows to include, globs over their names, or 'none' (default: all "
+        "that apply; sdpa only for the default set)",
     )  # fmt: skip
     p.add_argument("--refs-only", action="store_true", help="time only the reference rows")
     p.add_argument("--list-refs", action="store_true", help="list registered references and exit")

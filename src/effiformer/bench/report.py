@@ -137,7 +137,8 @@ def plot_results(records: Sequence[Record], path: str | os.PathLike) -> bool:
         mem = [(x, r["peak_mib"]) for x, r in zip(xs, recs) if (r["peak_mib"] or 0) > 0]
         if mem:
             ax_m.plot(*zip(*mem), "o-", color=color, label=key)
-    device = records[0].get("env", {}).get("device_name", "")
+    env = records[0].get("env", {})
+    device = f"{env.get('device_name', '')}, {env.get('threads')} threads, {env.get('dtype')}"
     ax_t.set_title("time (solid: fwd+bwd, dashed: fwd)")
     ax_t.set_ylabel("ms (median)")
     ax_m.set_title("peak memory of one fwd+bwd step")
