@@ -63,6 +63,7 @@ class Transformer(EffiModel):
                 return DenseAttention(c.dim, c.n_heads, c.head_dim, dropout=c.attn_dropout)
 
         self.embed = nn.Embedding(c.vocab_size, c.dim)
+        self.embed_scale = math.sqrt(c.dim)
         self.pos = build_positions(c.positions, c.dim, c.seq_len)
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(
@@ -82,8 +83,12 @@ class Transformer(EffiModel):
             self.head.weight = self.embed.weight
 
     def _init_weights(self) -> None:
+        # Token embeddings: std dim^-1/2, scaled by sqrt(dim) in forward (Vaswani et al. sec. 3.4),
+        # so tokens and the unit-amplitude sinusoids enter the first block at the same scale.
         for name, p in self.named_parameters():
-            if p.dim() >= 2:
+            if name == "embed.weight":
+                nn.init.normal_(p, std=self.config.dim**-0.5)
+            elif p.dim() >= 2:
                 nn.init.normal_(p, std=0.02)
                 if name.endswith(("o_proj.weight", "fc2.weight")):  # GPT-2 residual scaling
                     p.data.mul_(1 / math.sqrt(2 * self.config.n_layers))
@@ -110,7 +115,8 @@ class Transformer(EffiModel):
             causal=self.config.causal,
             key_padding=None if attention_mask is None else attention_mask.to(torch.bool),
         )
-        x = self.drop(self.pos(self.embed(input_ids)))  # (B, T, D)
+        x = self.embed(input_ids) * self.embed_scale  # (B, T, D)
+        x = self.drop(self.pos(x))
         for block in self.blocks:
             x = block(x, mask=mask).out
         h = self.final_norm(x)
