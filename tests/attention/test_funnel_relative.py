@@ -123,6 +123,7 @@ def test_relative_shift_chunks_agree(monkeypatch):
     a = att(x, positions=p).out
     ga = torch.autograd.grad(a.square().sum(), [x, att.r_kernel])
     monkeypatch.setattr(fr, "_CHUNK", 4)
+    monkeypatch.setattr(fr, "_MIN_CHUNK", 4)
     b = att(x, positions=p).out
     gb = torch.autograd.grad(b.square().sum(), [x, att.r_kernel])
     assert_close(a, b, rtol=1e-12, atol=1e-12)

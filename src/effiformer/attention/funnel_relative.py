@@ -74,7 +74,8 @@ __all__ = [
 NEG_INF = -1e6
 ATTENTION_TYPES = ("relative_shift", "factorized")
 CLS_TYPE = 2
-_CHUNK = 256  # query rows per relative-shift chunk
+_CHUNK = 256  # at most this many query rows per relative-shift chunk
+_MIN_CHUNK = 64  # at least this many (tq // 8 in between: little waste, few Python steps)
 
 
 def rel_sinusoid(distances: Tensor, dim: int) -> Tensor:
@@ -145,8 +146,9 @@ def _bhv(t: Tensor) -> Tensor:
 
 
 def _chunks(tq: int):
-    for i0 in range(0, tq, _CHUNK):
-        yield i0, min(i0 + _CHUNK, tq)
+    size = min(_CHUNK, max(_MIN_CHUNK, tq // 8))
+    for i0 in range(0, tq, size):
+        yield i0, min(i0 + size, tq)
 
 
 class _FunnelCore(torch.autograd.Function):
