@@ -853,6 +853,19 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("name", nargs="?", help="registered model name (optional with --resume)")
     p.add_argument(
+        "--task",
+        default="lm",
+        choices=TASK_CHOICES,
+        help="lm (default): language modelling on --data/--format or the embedded corpus; "
+        "mlm/electra: pretraining on --text or --data/--format (subword tokenizer trained and "
+        "saved); glue-*: fine-tune the pretraining run --init on the task folder --data",
+    )
+    p.add_argument("--text", help="mlm/electra: UTF-8 text file or folder to pretrain on")
+    p.add_argument("--tokenizer", help="mlm/electra: an existing tokenizer.json")
+    p.add_argument("--vocab-size", type=int, help="mlm/electra: subword vocabulary size")
+    p.add_argument("--init", help="glue-*: pretraining run or checkpoint to fine-tune")
+    p.add_argument("--max-len", type=int, help="glue-*: max tokens per example (default 128)")
+    p.add_argument(
         "--set",
         action="append",
         default=[],
@@ -915,7 +928,76 @@ def _pick(value: Any, saved: dict[str, Any], key: str, default: Any) -> Any:
     return saved.get(key, default)
 
 
+TASK_CHOICES = (
+    "lm",
+    "mlm",
+    "electra",
+    "glue-sst2",
+    "glue-cola",
+    "glue-rte",
+    "glue-mrpc",
+    "glue-stsb",
+)
+
+# Flags of `effiformer train` forwarded to the pretraining / fine-tuning entry points.
+_MLM_FLAGS = {
+    "text": "--text", "data": "--data", "format": "--format", "tokenizer": "--tokenizer",
+    "vocab_size": "--vocab-size", "batch": "--batch", "seq_len": "--seq-len", "steps": "--steps",
+    "lr": "--lr", "warmup": "--warmup", "time_budget": "--time-budget",
+    "eval_every": "--eval-every", "seed": "--seed", "device": "--device", "out": "--out",
+}  # fmt: skip
+_GLUE_FLAGS = {
+    "init": "--init", "data": "--data", "batch": "--batch", "max_len": "--max-len",
+    "steps": "--steps", "lr": "--lr", "warmup": "--warmup", "time_budget": "--time-budget",
+    "eval_every": "--eval-every", "seed": "--seed", "device": "--device", "out": "--out",
+}  # fmt: skip
+
+
+def _forward_flags(args: argparse.Namespace, flags: dict[str, str]) -> list[str]:
+    argv: list[str] = []
+    for attr, flag in flags.items():
+        value = getattr(args, attr, None)
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def _run_other_task(args: argparse.Namespace) -> int:
+    """`effiformer train --task mlm|electra|glue-*`: the same trainer through the task's entry."""
+    lm_only = [f for f in ("resume", "grad_accum", "checkpoint_every") if getattr(args, f, None)]
+    if lm_only:
+        raise ValueError(f"--task {args.task} does not take --{lm_only[0].replace('_', '-')}")
+    if args.task in ("mlm", "electra"):
+        from .tasks.mlm import main as mlm_main
+
+        if args.name is None:
+            raise ValueError(f"--task {args.task} needs a registered model NAME")
+        if args.out is None:
+            raise ValueError(f"--task {args.task} needs --out DIR")
+        argv = [args.name, "--objective", args.task, *_forward_flags(args, _MLM_FLAGS)]
+        for key_value in args.set:
+            argv += ["--set", key_value]
+        return mlm_main(argv)
+    from .tasks.glue import main as glue_main
+
+    if args.init is None or args.data is None or args.out is None:
+        raise ValueError(f"--task {args.task} needs --init RUN, --data TASK_FOLDER and --out DIR")
+    if args.set:
+        raise ValueError("--task glue-* takes its architecture from --init; --set is not allowed")
+    if args.eval_every == 0:  # "end only", as for --task lm
+        args = argparse.Namespace(**{**vars(args), "eval_every": args.steps or 1000})
+    argv = [
+        "finetune",
+        "--task",
+        args.task.removeprefix("glue-"),
+        *_forward_flags(args, _GLUE_FLAGS),
+    ]
+    return glue_main(argv)
+
+
 def run_train_cli(args: argparse.Namespace) -> int:
+    if getattr(args, "task", "lm") != "lm":
+        return _run_other_task(args)
     from .checkpoint import load_config
     from .config import parse_overrides, replace_config
     from .registry import build_model, get_config, get_spec
@@ -1033,6 +1115,19 @@ def run_eval_cli(args: argparse.Namespace) -> int:
 
     _setup_cli_logging()
     ckpt = resolve_checkpoint(args.checkpoint)
+    task_name = verify_checkpoint(ckpt).get("task", {}).get("task", "lm")
+    if str(task_name).startswith("glue-"):
+        from .tasks.glue import main as glue_main
+
+        split = {"valid": "dev"}.get(args.split, args.split)
+        argv = ["eval", str(ckpt), "--split", split]
+        return glue_main(argv + (["--data", args.data] if args.data else []))
+    if task_name != "lm":
+        raise ValueError(
+            f"{str(ckpt)!r} is a {task_name!r} pretraining checkpoint; its validation figures are "
+            "in the run's metrics.jsonl, and `effiformer train --task glue-* --init RUN` "
+            "fine-tunes it"
+        )
     device = _resolve_device(args.device, _Dist())
     overrides = {"mem_len": args.mem_len} if args.mem_len is not None else None
     model, meta = load_checkpoint(ckpt, map_location=device, overrides=overrides)
