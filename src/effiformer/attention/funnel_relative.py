@@ -40,11 +40,12 @@ memory traffic:
   the factorized form the positional factors (D columns). The cls-mask on row 0 is applied by
   zeroing query 0's position/segment vectors. Per-row constants (the same-segment score) are
   dropped, which softmax cannot see; the [CLS] column correction keeps each row exact.
-- The relative-shift term is formed in query chunks, each against only the ``Tk + shift*c``
-  distances it needs, written straight into the score buffer; its backward scatters the score
-  gradient back chunk by chunk. Softmax, dropout and P·V share one autograd node that keeps only
-  the probabilities (and the dropout mask) for the backward pass: no (B, H, Tq, 2Tk) tensor is
-  materialised, and one (B, H, Tq, Tk) tensor is kept per layer.
+- The scores are formed in query chunks (flash-attention style): each chunk's relative-shift
+  term is computed against only the ``Tk + shift*c`` distances it needs, the content and feature
+  columns are added by one ``baddbmm``, and softmax, dropout and P·V follow. Only the output and
+  the row log-sum-exp are kept; the backward pass recomputes each chunk's scores (dropout masks
+  are re-drawn from the same seed) and scatters the score gradient back to the distance table.
+  No (B, H, Tq, 2Tk) tensor exists and no (B, H, Tq, Tk) tensor outlives a chunk.
 
 Deliberate deviations: padding is masked with an additive ``-1e6`` like the official code (not
 ``-inf``), so a row whose keys are all padding stays finite; half precision inputs are scored in
@@ -151,67 +152,89 @@ def _chunks(tq: int):
         yield i0, min(i0 + size, tq)
 
 
+def _chunk_scores(qa, ka, qv, r, shift: int, i0: int, i1: int) -> Tensor:
+    """Scores of query rows [i0, i1): qa·ka^T plus the relative-shift term, (B, H, c, Tk)."""
+    b, h, tq, e = qa.shape
+    tk, c = ka.shape[2], i1 - i0
+    qa_c = qa[:, :, i0:i1].reshape(b * h, c, e)  # (B*H, c, E)
+    kt = ka.reshape(b * h, tk, e).transpose(1, 2)  # (B*H, E, Tk)
+    if qv is None:
+        return torch.bmm(qa_c, kt).view(b, h, c, tk)
+    lo = shift * (tq - i1)
+    r_c = r[:, lo : lo + tk + shift * c]  # (H, Tk + shift*c, Dh): the distances rows i0..i1 see
+    q_c = qv[:, :, i0:i1].transpose(0, 1).reshape(h, b * c, -1)  # (H, B*c, Dh)
+    full = torch.bmm(q_c, r_c.transpose(1, 2))  # (H, B*c, Tk + shift*c)
+    full = full.view(h, b, c, -1).transpose(0, 1)  # (B, H, c, Tk + shift*c)
+    scores = relative_shift(full, tk, shift).contiguous()  # (B, H, c, Tk)
+    scores.view(b * h, c, tk).baddbmm_(qa_c, kt)
+    return scores
+
+
+def _keep_mask(gen, shape, p: float, device) -> Tensor:
+    return torch.empty(shape, device=device).bernoulli_(1.0 - p, generator=gen)
+
+
 class _FunnelCore(torch.autograd.Function):
-    """out = dropout(softmax(qa·ka^T + shift(qv·r^T))) @ v, keeping P (and the mask) only.
+    """out = dropout(softmax(qa·ka^T + shift(qv·r^T))) @ v, computed in query chunks.
 
     qa (B, H, Tq, E), ka (B, H, Tk, E): content plus the low-rank feature columns.
     qv (B, H, Tq, Dh) and r (H, Tk + shift*Tq, Dh): the relative-shift term, or both None.
-    keep: (B, H, Tq, Tk) bool dropout keep-mask or None; p: the dropout rate.
+    p: attention dropout; its masks are drawn chunk by chunk from a generator seeded with
+    ``seed`` and drawn again in the backward pass. Like flash attention, only the output and the
+    row log-sum-exp are kept: the backward pass recomputes each chunk's scores, so no
+    (B, H, Tq, Tk) tensor outlives a chunk.
     """
 
     @staticmethod
-    def forward(ctx, qa, ka, v, qv, r, shift: int, p: float, keep):
+    def forward(ctx, qa, ka, v, qv, r, shift: int, p: float, seed: int):
         b, h, tq, _ = qa.shape
-        tk = ka.shape[2]
-        scores = qa.new_empty(b, h, tq, tk)
-        if qv is not None:
-            for i0, i1 in _chunks(tq):
-                c = i1 - i0
-                lo = shift * (tq - i1)
-                r_c = r[:, lo : lo + tk + shift * c]  # (H, Tk + shift*c, Dh)
-                q_c = qv[:, :, i0:i1].transpose(0, 1).reshape(h, b * c, -1)  # (H, B*c, Dh)
-                full = torch.bmm(q_c, r_c.transpose(1, 2))  # (H, B*c, Tk + shift*c)
-                full = full.view(h, b, c, -1).transpose(0, 1)  # (B, H, c, Tk + shift*c)
-                scores[:, :, i0:i1] = relative_shift(full, tk, shift)
-            _bhv(scores).baddbmm_(_bhv(qa), _bhv(ka).transpose(1, 2))
-        else:
-            torch.bmm(_bhv(qa), _bhv(ka).transpose(1, 2), out=_bhv(scores))
-        probs = torch.softmax(scores, dim=-1)  # (B, H, Tq, Tk)
-        del scores
-        if keep is not None:
-            out = (probs * keep).mul_(1.0 / (1.0 - p)) @ v
-        else:
-            out = probs @ v
-        ctx.shift, ctx.p = shift, p
-        ctx.save_for_backward(qa, ka, v, qv, r, probs, keep)
+        out = v.new_empty(b, h, tq, v.shape[-1])
+        lse = qa.new_empty(b, h, tq)
+        gen = torch.Generator(device=qa.device).manual_seed(seed) if p > 0 else None
+        for i0, i1 in _chunks(tq):
+            s = _chunk_scores(qa, ka, qv, r, shift, i0, i1)  # (B, H, c, Tk)
+            lse_c = torch.logsumexp(s, dim=-1)  # (B, H, c)
+            probs = s.sub_(lse_c[..., None]).exp_()
+            if gen is not None:
+                probs.mul_(_keep_mask(gen, probs.shape, p, qa.device)).mul_(1.0 / (1.0 - p))
+            out[:, :, i0:i1] = probs @ v
+            lse[:, :, i0:i1] = lse_c
+        ctx.shift, ctx.p, ctx.seed = shift, p, seed
+        ctx.save_for_backward(qa, ka, v, qv, r, out, lse)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        qa, ka, v, qv, r, probs, keep = ctx.saved_tensors
+        qa, ka, v, qv, r, out, lse = ctx.saved_tensors
         shift, p = ctx.shift, ctx.p
         b, h, tq, _ = qa.shape
         tk = ka.shape[2]
         grad_out = grad_out.contiguous()
-        if keep is not None:
-            dropped = (probs * keep).mul_(1.0 / (1.0 - p))
-            grad_v = dropped.transpose(-1, -2) @ grad_out
-            del dropped
-        else:
-            grad_v = probs.transpose(-1, -2) @ grad_out
-        grad_p = grad_out @ v.transpose(-1, -2)  # (B, H, Tq, Tk)
-        if keep is not None:
-            grad_p.mul_(keep).mul_(1.0 / (1.0 - p))
-        grad_s = torch._softmax_backward_data(grad_p, probs, -1, probs.dtype)
-        del grad_p
-        grad_qa = grad_s @ ka
-        grad_ka = grad_s.transpose(-1, -2) @ qa
-        grad_qv = grad_r = None
-        if qv is not None:
-            grad_qv = torch.empty_like(qv)
-            grad_r = torch.zeros_like(r)
-            for i0, i1 in _chunks(tq):
-                c = i1 - i0
+        delta = (grad_out * out).sum(-1)  # (B, H, Tq): rowsum(P dP) = rowsum(dO O)
+        gen = torch.Generator(device=qa.device).manual_seed(ctx.seed) if p > 0 else None
+        grad_qa = torch.empty_like(qa)
+        grad_ka = torch.zeros_like(ka)
+        grad_v = torch.zeros_like(v)
+        grad_qv = None if qv is None else torch.empty_like(qv)
+        grad_r = None if r is None else torch.zeros_like(r)
+        for i0, i1 in _chunks(tq):
+            c = i1 - i0
+            probs = _chunk_scores(qa, ka, qv, r, shift, i0, i1)
+            probs.sub_(lse[:, :, i0:i1, None]).exp_()  # (B, H, c, Tk)
+            g_out = grad_out[:, :, i0:i1]  # (B, H, c, Dv)
+            grad_p = g_out @ v.transpose(-1, -2)  # (B, H, c, Tk)
+            if gen is not None:
+                keep = _keep_mask(gen, probs.shape, p, qa.device).mul_(1.0 / (1.0 - p))
+                grad_v += (probs * keep).transpose(-1, -2) @ g_out
+                grad_p.mul_(keep)
+                del keep
+            else:
+                grad_v += probs.transpose(-1, -2) @ g_out
+            grad_s = grad_p.sub_(delta[:, :, i0:i1, None]).mul_(probs)  # softmax backward
+            del probs
+            grad_qa[:, :, i0:i1] = grad_s @ ka
+            grad_ka += grad_s.transpose(-1, -2) @ qa[:, :, i0:i1]
+            if qv is not None:
                 lo = shift * (tq - i1)
                 width = tk + shift * c
                 r_c = r[:, lo : lo + width]  # (H, width, Dh)
@@ -220,7 +243,7 @@ class _FunnelCore(torch.autograd.Function):
                 flat = g.view(h, b, c * width)
                 flat[..., : shift * c].zero_()
                 flat[..., shift * c :].view(h, b, c, width - shift)[..., tk:].zero_()
-                relative_shift(g.transpose(0, 1), tk, shift).copy_(grad_s[:, :, i0:i1])
+                relative_shift(g.transpose(0, 1), tk, shift).copy_(grad_s)
                 g = g.view(h, b * c, width)
                 q_c = qv[:, :, i0:i1].transpose(0, 1).reshape(h, b * c, -1)  # (H, B*c, Dh)
                 grad_qv[:, :, i0:i1] = torch.bmm(g, r_c).view(h, b, c, -1).transpose(0, 1)
@@ -443,9 +466,7 @@ class FunnelRelativeAttention(nn.Module):
         qa = torch.cat(qf, dim=-1) if len(qf) > 1 else qu  # (B, H, Tq, E)
         ka = torch.cat(kf, dim=-1) if len(kf) > 1 else k  # (B, H, Tk, E)
         p = self.dropout if self.training else 0.0
-        keep = None
-        if p > 0.0:
-            keep = torch.empty(b, self.n_heads, tq, tk, device=q.device).bernoulli_(1.0 - p).bool()
+        seed = int(torch.randint(0, 2**62, (1,))) if p > 0.0 else 0
         o = _FunnelCore.apply(
             qa.contiguous(),
             ka.contiguous(),
@@ -454,7 +475,7 @@ class FunnelRelativeAttention(nn.Module):
             None if r is None else r.contiguous(),
             positions.shift,
             p,
-            keep,
+            seed,
         )  # (B, H, Tq, Dh)
         o = o.transpose(1, 2).reshape(b, tq, self.n_heads * self.head_dim).to(out_dtype)
         return AttentionOutput(out=self.o_proj(o))
