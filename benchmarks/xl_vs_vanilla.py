@@ -11,7 +11,8 @@ longer memory (``--eval-mem``, :func:`effiformer.models.transformer_xl.reconfigu
 weights), which should lower bpc / perplexity further.
 
 Writes JSON lines (environment first, one record per run) to ``OUT/results.jsonl`` and prints a
-table. Every model gets ``--time-budget`` seconds of training per corpus.
+table. Every model gets ``--time-budget`` seconds of training per corpus, or, with ``--steps``,
+the same number of steps (the same tokens), which a loaded shared machine cannot skew.
 
     python benchmarks/xl_vs_vanilla.py                                  # both corpora, 120 s/run
     python benchmarks/xl_vs_vanilla.py --corpora tinyshakespeare --time-budget 60
@@ -117,14 +118,17 @@ def run_one(args: argparse.Namespace, corpus_name: str, corpus, name: str, out: 
         eval_batch_size=args.eval_batch,
         eval_tokens=args.eval_tokens or None,
     )
-    steps = _steps_per_budget(name, over, task, args.time_budget, args.seed)
+    if args.steps:
+        steps = args.steps
+    else:
+        steps = _steps_per_budget(name, over, task, args.time_budget, args.seed)
     torch.manual_seed(args.seed)
     model = create_model(name, **over)
     config = TrainConfig(
         steps=steps,
         lr=args.lr,
         warmup=min(args.warmup, steps // 10),
-        time_budget=args.time_budget,
+        time_budget=None if args.steps else args.time_budget,
         eval_every=None,
         device="cpu",
         seed=args.seed,
@@ -178,6 +182,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--corpora", nargs="+", default=list(CORPORA), choices=list(CORPORA))
     p.add_argument("--models", nargs="+", default=list(MODELS))
     p.add_argument("--time-budget", type=float, default=120.0, help="seconds per model per corpus")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="fixed number of steps for every model instead of the time budget (equal tokens; "
+        "immune to a shared machine's load)",
+    )
     p.add_argument("--seq-len", type=int, default=64, help="segment length T (all models)")
     p.add_argument("--eval-mem", type=int, default=256, help="longer evaluation memory")
     p.add_argument("--batch", type=int, default=8)
@@ -212,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         corpus = load_corpus(path, fmt)
         for name in args.models:
             rows.append(run_one(args, corpus_name, corpus, name, out))
-    print(f"\nT={args.seq_len}, batch {args.batch}, {args.time_budget:.0f} s/run, "
+    budget = f"{args.steps} steps/run" if args.steps else f"{args.time_budget:.0f} s/run"
+    print(f"\nT={args.seq_len}, batch {args.batch}, {budget}, "
           f"{args.threads} thread(s), overrides {args.set}, loadavg {env['loadavg']}")  # fmt: skip
     print(f"{'corpus':<16} {'model':<18} {'steps':>6} {'tokens':>9} {'metric':>6} "
           f"{'val':>8} {'val, eval mem ' + str(args.eval_mem):>20}")  # fmt: skip
