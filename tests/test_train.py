@@ -105,6 +105,10 @@ def test_gradient_accumulation_equals_the_full_batch(corpus):
             atol=1e-6,
         )
     for (name, p), q in zip(full.named_parameters(), accum.parameters()):
+        if name.endswith("k_proj.bias"):
+            # softmax is invariant to a key bias: its gradient is pure rounding noise, which
+            # Adam's normalisation turns into full-size, order-dependent steps.
+            continue
         torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-6, msg=name)
     # ... and the step really trained on the data (not a no-op).
     assert not torch.equal(full.embed.weight, _model().embed.weight)
