@@ -31,7 +31,9 @@ def test_dense_attention_cuda_matches_cpu(causal):
     kp[1, 200:] = False
     mask = AttentionMask(causal=causal, key_padding=kp)
     ref = layer.double()(x.double(), mask=mask).out
-    got = layer.float().cuda()(x.cuda(), mask=AttentionMask(causal=causal, key_padding=kp.cuda())).out
+    got = (
+        layer.float().cuda()(x.cuda(), mask=AttentionMask(causal=causal, key_padding=kp.cuda())).out
+    )
     assert_close(got.cpu().double(), ref, rtol=1e-4, atol=1e-4)
 
 

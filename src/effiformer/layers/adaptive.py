@@ -236,7 +236,9 @@ class AdaptiveLogSoftmax(nn.Module):
         head = self._head_logprob(h)  # (N, shortlist + n_clusters)
         parts = [head[:, : self.shortlist]]
         for i in range(1, self.n_clusters + 1):
-            tail = F.log_softmax(self._logits(h, *self._cluster(i)).to(_wide(h.dtype)), dim=-1)  # (N, n_i)
+            tail = F.log_softmax(
+                self._logits(h, *self._cluster(i)).to(_wide(h.dtype)), dim=-1
+            )  # (N, n_i)
             parts.append(head[:, self.shortlist + i - 1, None] + tail)
         return torch.cat(parts, dim=-1)  # (N, V)
 

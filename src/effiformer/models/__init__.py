@@ -1,9 +1,22 @@
 """Model families. Each family registers itself when imported from this explicit list."""
 
-from . import transformer  # noqa: F401
-from . import transformer_xl, compressive  # noqa: F401
-from . import funnel  # noqa: F401
+from . import compressive, funnel, transformer, transformer_xl  # noqa: F401  (registration)
 from .base import EffiModel, ModelOutput
+from .compressive import CompressiveConfig, CompressiveTransformer
+from .funnel import FunnelConfig, FunnelForMaskedLM, FunnelModel
 from .transformer import Transformer, VanillaConfig
+from .transformer_xl import TransformerXL, XLConfig
 
-__all__ = ["EffiModel", "ModelOutput", "Transformer", "VanillaConfig"]
+__all__ = [
+    "CompressiveConfig",
+    "CompressiveTransformer",
+    "EffiModel",
+    "FunnelConfig",
+    "FunnelForMaskedLM",
+    "FunnelModel",
+    "ModelOutput",
+    "Transformer",
+    "TransformerXL",
+    "VanillaConfig",
+    "XLConfig",
+]
