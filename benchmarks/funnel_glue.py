@@ -4,7 +4,7 @@ budget, then GLUE SST-2 and RTE fine-tuning; dev scores side by side.
     python benchmarks/funnel_glue.py --out runs/funnel_glue            # ~17 min on a shared 2-core CPU
     python benchmarks/funnel_glue.py --pretrain-seconds 30 --finetune-seconds 20   # smoke run
 
-Pretraining text (all offline, under /work/shared/data; English, unlike the embedded stdlib code
+Pretraining text (all offline, under ../shared/data; English, unlike the embedded stdlib code
 corpus): the SST-2 *train* sentences, tinyshakespeare and the PTB train split; validation: the
 first lines of the PTB valid split. One WordPiece tokenizer (8,000 ids) is trained on that text
 and shared by both models. FLOPs are counted with ``torch.utils.flop_counter.FlopCounterMode`` on
@@ -35,7 +35,10 @@ from effiformer.tasks.glue import GlueTask, classifier_from_pretrained
 from effiformer.tasks.mlm import MLMTask, read_texts
 from effiformer.train import TrainConfig, train
 
-DATA = Path("/work/shared/data")
+# ../shared/data beside the checkout; EFFIFORMER_DATA overrides.
+DATA = Path(
+    os.environ.get("EFFIFORMER_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")
+)
 
 
 def environment() -> dict:

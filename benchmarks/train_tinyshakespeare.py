@@ -4,8 +4,8 @@ Reports validation bits per character (byte) on the whole validation split and t
 tokens/s, and writes JSON lines with the environment to ``OUT/results.jsonl`` (the trainer's
 per-step records go to ``OUT/metrics.jsonl``). The cosine schedule needs a length: unless
 ``--steps`` is given, a throwaway copy of the model is timed for a few steps first and the
-schedule is sized to fill the budget. By default the model uses learned positions
-and no dropout (``--set positions=learned --set dropout=0.0``; see ``DEFAULT_SET`` below).
+schedule is sized to fill the budget. By default the model runs without dropout
+(``--set dropout=0.0``; see ``DEFAULT_SET`` below).
 
     python benchmarks/train_tinyshakespeare.py                      # 600 s, the published figure
     python benchmarks/train_tinyshakespeare.py --time-budget 120    # a quick check
@@ -31,16 +31,15 @@ from effiformer.data import load_corpus
 from effiformer.tasks import LMTask
 from effiformer.train import TrainConfig, train
 
-DEFAULT_DATA = "/work/shared/data/tinyshakespeare/input.txt"
-# vanilla-small's registered sinusoids (amplitude 1) are added to token embeddings initialised
-# with std 0.02 and not scaled by sqrt(dim) (Vaswani et al. sec. 3.4 scale them), so the token
-# signal is ~3% of the input and training sits on the unigram plateau (~3.3 nats, 4.8 bpc) for
-# hundreds of steps; learned positions (std 0.02, like the embeddings) do not have the problem.
-# Measured on this machine, 120 s runs, lr 3e-3: sinusoidal 4.84 bpc after 128 steps, learned
-# 3.62 bpc after 120 steps. Dropout is off: a 600 s CPU run sees at most a few epochs of the
-# 1 MB text, far from overfitting, where dropout only slows learning. Pass
-# --set positions=sinusoidal --set dropout=0.1 for the registered config as is.
-DEFAULT_SET = ["positions=learned", "dropout=0.0"]
+# ../shared/data beside the checkout; EFFIFORMER_DATA overrides.
+DATA = Path(
+    os.environ.get("EFFIFORMER_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")
+)
+DEFAULT_DATA = str(DATA / "tinyshakespeare" / "input.txt")
+# Dropout is off: a 600 s CPU run sees at most a few epochs of the 1 MB text, far from
+# overfitting, where dropout only slows learning. Pass --set dropout=0.1 for the registered
+# config as is.
+DEFAULT_SET = ["dropout=0.0"]
 
 
 def _git_sha() -> str | None:

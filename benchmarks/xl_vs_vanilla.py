@@ -40,9 +40,13 @@ from effiformer.models.transformer_xl import reconfigure
 from effiformer.tasks import LMTask
 from effiformer.train import TrainConfig, train
 
+# ../shared/data beside the checkout; EFFIFORMER_DATA overrides.
+DATA = Path(
+    os.environ.get("EFFIFORMER_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")
+)
 CORPORA = {
-    "tinyshakespeare": ("/work/shared/data/tinyshakespeare/input.txt", "text"),
-    "ptb": ("/work/shared/data/ptb", "ptb"),
+    "tinyshakespeare": (str(DATA / "tinyshakespeare" / "input.txt"), "text"),
+    "ptb": (str(DATA / "ptb"), "ptb"),
 }
 MODELS = ("vanilla-small", "xl-small", "compressive-small")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import pickle
 import zipfile
 from pathlib import Path
@@ -25,7 +26,11 @@ from effiformer.data import (
 )
 from effiformer.data.corpora import _split_sizes
 
-REAL_PTB = Path("/work/shared/data/ptb")
+# ../shared beside the checkout (CI lays a copy there); EFFIFORMER_DATA overrides.
+REAL_PTB = (
+    Path(os.environ.get("EFFIFORMER_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
+    / "ptb"
+)
 
 
 def _ids(values: list[int] | bytes) -> torch.Tensor:
@@ -252,7 +257,7 @@ def test_ptb_char_from_word_files_and_from_char_files(tmp_path: Path) -> None:
 
 
 def test_real_ptb_vocab_and_token_counts() -> None:
-    """Always runs: /work/shared/data/ptb is present in CI, a missing copy must fail loudly."""
+    """Always runs: ../shared/data/ptb is present in CI, a missing copy must fail loudly."""
     ptb = load_corpus(REAL_PTB, "ptb")
     assert ptb.vocab.size == 10_000  # 9,999 word types (with <unk>) + <eos>
     assert ptb.vocab.tokens[:3] == ("the", "<unk>", "<eos>")

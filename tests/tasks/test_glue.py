@@ -4,6 +4,7 @@ values, and the classification/regression task."""
 from __future__ import annotations
 
 import math
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -24,7 +25,11 @@ from effiformer.tasks.glue import (
     spearman,
 )
 
-GLUE = Path("/work/shared/data/glue")
+# ../shared beside the checkout (CI lays a copy there); EFFIFORMER_DATA overrides.
+GLUE = (
+    Path(os.environ.get("EFFIFORMER_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
+    / "glue"
+)
 FOLDERS = {"sst2": "SST-2", "cola": "CoLA", "rte": "RTE", "stsb": "STS-B", "mrpc": "MRPC"}
 
 # (task, split) -> (rows, label counts) from the folders' READMEs (MRPC dev/train: our split).

@@ -26,12 +26,13 @@ __all__ = ["VanillaConfig", "Transformer", "build_vanilla"]
 
 @dataclass(frozen=True, kw_only=True)
 class VanillaConfig(ModelConfig):
-    """Dense Transformer. ``positions``: "sinusoidal" or "learned"; ``norm_first``: pre-LN."""
+    """Dense Transformer. ``positions``: "learned" (default, GPT-2) or "sinusoidal" (Vaswani);
+    ``norm_first``: pre-LN."""
 
     family = "vanilla"
 
     norm_first: bool = True
-    positions: str = "sinusoidal"
+    positions: str = "learned"
     activation: str = "gelu"
     tie_embeddings: bool = True
 
@@ -63,7 +64,7 @@ class Transformer(EffiModel):
                 return DenseAttention(c.dim, c.n_heads, c.head_dim, dropout=c.attn_dropout)
 
         self.embed = nn.Embedding(c.vocab_size, c.dim)
-        self.embed_scale = math.sqrt(c.dim)
+        self.embed_scale = math.sqrt(c.dim) if c.positions == "sinusoidal" else 1.0
         self.pos = build_positions(c.positions, c.dim, c.seq_len)
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(
@@ -83,10 +84,13 @@ class Transformer(EffiModel):
             self.head.weight = self.embed.weight
 
     def _init_weights(self) -> None:
-        # Token embeddings: std dim^-1/2, scaled by sqrt(dim) in forward (Vaswani et al. sec. 3.4),
-        # so tokens and the unit-amplitude sinusoids enter the first block at the same scale.
+        # With sinusoids, token embeddings have std dim^-1/2 and are scaled by sqrt(dim) in forward
+        # (Vaswani et al. sec. 3.4), so tokens and the unit-amplitude sinusoids enter the first
+        # block at the same scale. With learned positions both tables are N(0, 0.02), unscaled
+        # (GPT-2).
+        sinusoidal = self.config.positions == "sinusoidal"
         for name, p in self.named_parameters():
-            if name == "embed.weight":
+            if name == "embed.weight" and sinusoidal:
                 nn.init.normal_(p, std=self.config.dim**-0.5)
             elif p.dim() >= 2:
                 nn.init.normal_(p, std=0.02)

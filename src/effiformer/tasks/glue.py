@@ -326,7 +326,7 @@ def _read_mrpc(path: Path, split: str) -> list[GlueExample]:
 
 def read_glue(task: str, data_dir: PathLike, split: str = "train") -> list[GlueExample]:
     """Examples of ``split`` (``"train"`` or ``"dev"``; MRPC also ``"test"``) of GLUE ``task``
-    from its folder ``data_dir`` (e.g. ``/work/shared/data/glue/SST-2``), in file order."""
+    from its folder ``data_dir`` (e.g. ``../shared/data/glue/SST-2``), in file order."""
     spec = _spec(task)
     d = Path(data_dir)
     if not d.is_dir():
