@@ -73,7 +73,7 @@ def _environment() -> dict:
         "platform": platform.platform(),
         "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
-        "device": "cpu",
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "git_sha": _git_sha(),
         "loadavg": os.getloadavg() if hasattr(os, "getloadavg") else None,
     }
@@ -134,7 +134,7 @@ def run_one(args: argparse.Namespace, corpus_name: str, corpus, name: str, out: 
         warmup=min(args.warmup, steps // 10),
         time_budget=None if args.steps else args.time_budget,
         eval_every=None,
-        device="cpu",
+        device=args.device,
         seed=args.seed,
         clip=args.clip,
         out_dir=None,
@@ -203,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-batch", type=int, default=8)
     p.add_argument("--eval-tokens", type=int, default=32768, help="validation tokens (0: all)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 on a shared box)")
+    p.add_argument("--device", default="cpu", help="cpu (default; the CPU-budget comparison) or cuda")
     p.add_argument(
         "--set",
         nargs="*",
