@@ -17,8 +17,6 @@ import argparse
 import json
 import logging
 import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,6 +24,7 @@ from pathlib import Path
 import torch
 
 from effiformer import create_model, get_config
+from effiformer.benchmark import environment
 from effiformer.config import parse_overrides
 from effiformer.data import load_corpus
 from effiformer.tasks import LMTask
@@ -42,32 +41,9 @@ DEFAULT_DATA = str(DATA / "tinyshakespeare" / "input.txt")
 DEFAULT_SET = ["dropout=0.0"]
 
 
-def _git_sha() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=Path(__file__).resolve().parent,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
-def _environment() -> dict:
-    return {
-        "kind": "environment",
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "threads": torch.get_num_threads(),
-        "cpu_count": os.cpu_count(),
-        "device": "cpu",
-        "git_sha": _git_sha(),
-        "loadavg": os.getloadavg() if hasattr(os, "getloadavg") else None,
-    }
+def _environment(device: str = "cpu") -> dict:
+    env = environment(torch.device(device), "float32", torch.get_num_threads(), peak=False)
+    return {"kind": "environment", **env, "loadavg": os.getloadavg()}
 
 
 def _calibrate(args: argparse.Namespace, corpus) -> float:

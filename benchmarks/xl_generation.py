@@ -24,9 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,23 +32,9 @@ from pathlib import Path
 import torch
 
 from effiformer import create_model
+from effiformer.benchmark import environment
 
 
-def _git_sha() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=Path(__file__).resolve().parent,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
-@torch.no_grad()
 def xl_per_token_ms(model, n_tokens: int, seed: int) -> list[float]:
     """Generate ``n_tokens`` greedily one token at a time with memory; ms for each token."""
     g = torch.Generator().manual_seed(seed)
@@ -98,14 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     env = {
         "kind": "environment",
         "command": " ".join([sys.executable, *sys.argv]),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "threads": torch.get_num_threads(),
-        "cpu_count": os.cpu_count(),
-        "device": "cpu",
-        "git_sha": _git_sha(),
-        "loadavg": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        **environment(torch.device("cpu"), "float32", torch.get_num_threads(), peak=False),
+        "loadavg": os.getloadavg(),
     }
     torch.manual_seed(args.seed)
     xl = create_model("xl-small", mem_len=args.mem_len, dropout=0.0).eval()

@@ -25,8 +25,6 @@ import argparse
 import json
 import logging
 import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,6 +32,7 @@ from pathlib import Path
 import torch
 
 from effiformer import create_model, get_config
+from effiformer.benchmark import environment
 from effiformer.config import parse_overrides
 from effiformer.data import load_corpus
 from effiformer.models.transformer_xl import reconfigure
@@ -51,32 +50,9 @@ CORPORA = {
 MODELS = ("vanilla-small", "xl-small", "compressive-small")
 
 
-def _git_sha() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=Path(__file__).resolve().parent,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
-def _environment() -> dict:
-    return {
-        "kind": "environment",
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "threads": torch.get_num_threads(),
-        "cpu_count": os.cpu_count(),
-        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-        "git_sha": _git_sha(),
-        "loadavg": os.getloadavg() if hasattr(os, "getloadavg") else None,
-    }
+def _environment(device: str = "cpu") -> dict:
+    env = environment(torch.device(device), "float32", torch.get_num_threads(), peak=False)
+    return {"kind": "environment", **env, "loadavg": os.getloadavg()}
 
 
 def _overrides(name: str, vocab: int, seq_len: int, dropout: float, sets: list[str]) -> dict:
@@ -203,7 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-batch", type=int, default=8)
     p.add_argument("--eval-tokens", type=int, default=32768, help="validation tokens (0: all)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 on a shared box)")
-    p.add_argument("--device", default="cpu", help="cpu (default; the CPU-budget comparison) or cuda")
+    p.add_argument(
+        "--device", default="cpu", help="cpu (default; the CPU-budget comparison) or cuda"
+    )
     p.add_argument(
         "--set",
         nargs="*",
@@ -218,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    env = _environment()
+    env = _environment(args.device)
     env["command"] = " ".join([sys.executable, *sys.argv])
     with open(out / "results.jsonl", "a") as f:
         f.write(json.dumps(env) + "\n")
