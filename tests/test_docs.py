@@ -13,9 +13,7 @@ BLOCK = re.compile(r"```python\n(.*?)```", re.S)
 EXAMPLES = [(p, i, code) for p in DOCS for i, code in enumerate(BLOCK.findall(p.read_text()))]
 
 
-@pytest.mark.parametrize(
-    "path,index,code", EXAMPLES, ids=[f"{p.name}-{i}" for p, i, _ in EXAMPLES]
-)
+@pytest.mark.parametrize("path,index,code", EXAMPLES, ids=[f"{p.name}-{i}" for p, i, _ in EXAMPLES])
 def test_example_runs(path, index, code, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300
