@@ -513,19 +513,19 @@ class FunnelForMaskedLM(_FunnelBase):
         return self.funnel.attention_part(x)
 
 
-class FunnelForSequenceClassification(_FunnelBase):
-    """Encoder only (paper sec. 4): hidden[:, 0] -> dense + tanh -> dropout -> linear.
+class _FunnelWithHead(_FunnelBase):
+    """A Funnel (encoder only, or with the decoder) and one head on its last hidden state; the
+    subclasses choose the decoder, the head and the loss."""
 
-    forward(input_ids (B, T), *, labels (B,) | None, attention_mask, token_type_ids)
-    -> ModelOutput(logits (B, n_labels), loss, hidden (B, T_last, D)). n_labels=1: regression.
-    """
-
-    def __init__(self, config: FunnelConfig, n_labels: int = 2) -> None:
+    def __init__(self, config: FunnelConfig, head: nn.Module, *, decoder: bool) -> None:
         super().__init__()
-        self.config, self.n_labels = config, n_labels
-        self.funnel = FunnelModel(config, decoder=False)
-        self.head = SequenceClassificationHead(config.dim, n_labels, dropout=config.dropout)
+        self.config = config
+        self.funnel = FunnelModel(config, decoder=decoder)
+        self.head = head
         _init_funnel(self.head, config)
+
+    def _loss(self, logits: Tensor, labels: Tensor) -> Tensor:
+        raise NotImplementedError
 
     def forward(
         self,
@@ -539,8 +539,24 @@ class FunnelForSequenceClassification(_FunnelBase):
             input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
         ).hidden
         logits = self.head(h)
-        loss = None if labels is None else sequence_classification_loss(logits, labels)
+        loss = None if labels is None else self._loss(logits, labels)
         return ModelOutput(logits=logits, loss=loss, hidden=h)
+
+
+class FunnelForSequenceClassification(_FunnelWithHead):
+    """Encoder only (paper sec. 4): hidden[:, 0] -> dense + tanh -> dropout -> linear.
+
+    forward(input_ids (B, T), *, labels (B,) | None, attention_mask, token_type_ids)
+    -> ModelOutput(logits (B, n_labels), loss, hidden (B, T_last, D)). n_labels=1: regression.
+    """
+
+    def __init__(self, config: FunnelConfig, n_labels: int = 2) -> None:
+        head = SequenceClassificationHead(config.dim, n_labels, dropout=config.dropout)
+        super().__init__(config, head, decoder=False)
+        self.n_labels = n_labels
+
+    def _loss(self, logits: Tensor, labels: Tensor) -> Tensor:
+        return sequence_classification_loss(logits, labels)
 
 
 class FunnelForMultipleChoice(_FunnelBase):
@@ -581,31 +597,17 @@ class FunnelForMultipleChoice(_FunnelBase):
         return ModelOutput(logits=logits, loss=loss, hidden=h)
 
 
-class FunnelForTokenClassification(_FunnelBase):
+class FunnelForTokenClassification(_FunnelWithHead):
     """Encoder + decoder; per-token labels. forward(input_ids (B, T), *, labels (B, T) | None
     (-100 ignored), attention_mask, token_type_ids) -> ModelOutput(logits (B, T, n_labels))."""
 
     def __init__(self, config: FunnelConfig, n_labels: int = 2) -> None:
-        super().__init__()
-        self.config, self.n_labels = config, n_labels
-        self.funnel = FunnelModel(config, decoder=True)
-        self.head = TokenClassificationHead(config.dim, n_labels, dropout=config.dropout)
-        _init_funnel(self.head, config)
+        head = TokenClassificationHead(config.dim, n_labels, dropout=config.dropout)
+        super().__init__(config, head, decoder=True)
+        self.n_labels = n_labels
 
-    def forward(
-        self,
-        input_ids: Tensor,
-        *,
-        labels: Tensor | None = None,
-        attention_mask: Tensor | None = None,
-        token_type_ids: Tensor | None = None,
-    ) -> ModelOutput:
-        h = self.funnel(
-            input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-        ).hidden
-        logits = self.head(h)
-        loss = None if labels is None else token_classification_loss(logits, labels)
-        return ModelOutput(logits=logits, loss=loss, hidden=h)
+    def _loss(self, logits: Tensor, labels: Tensor) -> Tensor:
+        return token_classification_loss(logits, labels)
 
 
 class FunnelForQuestionAnswering(_FunnelBase):
