@@ -110,4 +110,23 @@ class Task(Protocol):
     def artifacts(self) -> dict[str, bytes]: ...
 
 
+def rank_rows(batch_size: int, rank: int, world: int) -> tuple[int, int]:
+    """(first row, row count) of this rank's equal share of a global batch of ``batch_size``."""
+    if batch_size % world:
+        raise ValueError(
+            f"batch_size={batch_size} is not divisible by the number of processes ({world}); "
+            "every rank takes an equal share of the global batch"
+        )
+    rows = batch_size // world
+    return rank * rows, rows
+
+
+def restore_position(batcher: Any, position: dict[str, Any]) -> None:
+    """Load a saved data position into ``batcher`` with an error that says what failed."""
+    try:
+        batcher.load_state_dict(position)
+    except ValueError as e:
+        raise ValueError(f"cannot restore the data position: {e}") from e
+
+
 from .lm import LMTask  # noqa: E402  (LMTask implements the protocol above)

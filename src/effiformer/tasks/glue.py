@@ -43,7 +43,7 @@ from torch import Tensor, nn
 from ..data.tokenizer import SubwordTokenizer
 from ..layers.heads import SequenceClassificationHead, sequence_classification_loss
 from ..models.base import EffiModel, ModelOutput
-from . import Batch
+from . import Batch, rank_rows
 
 __all__ = [
     "GLUE_TASKS",
@@ -680,15 +680,9 @@ class GlueTask:
     def train_batches(self, model: nn.Module, rank: int = 0, world: int = 1) -> Iterator[Batch]:
         self._check_model(model)
         self.head = _head_kind(model)  # recorded in checkpoints (describe) for load_classifier
-        if self.batch_size % world:
-            raise ValueError(
-                f"batch_size={self.batch_size} is not divisible by the number of processes "
-                f"({world})"
-            )
+        lo, rows = rank_rows(self.batch_size, rank, world)
         train = self.examples("train")
         per_epoch = len(train) // self.batch_size
-        rows = self.batch_size // world
-        lo = rank * rows
 
         def _iterate() -> Iterator[Batch]:
             while True:

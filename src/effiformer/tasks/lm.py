@@ -27,7 +27,7 @@ from torch import nn
 
 from ..data import Corpus, StreamBatcher, WindowBatcher, eval_batches
 from ..models.base import ModelOutput
-from . import Batch
+from . import Batch, rank_rows, restore_position
 
 __all__ = ["LMTask"]
 
@@ -110,11 +110,7 @@ class LMTask:
     def train_batches(self, model: nn.Module, rank: int = 0, world: int = 1) -> Iterator[Batch]:
         """This rank's rows of each global batch: ``input_ids``/``targets`` of shape (B/world, T)."""
         self._check_model(model)
-        if self.batch_size % world:
-            raise ValueError(
-                f"batch_size={self.batch_size} is not divisible by the number of processes "
-                f"({world}); every rank takes an equal share of the global batch"
-            )
+        lo, rows = rank_rows(self.batch_size, rank, world)
         if self._stateful(model):
             batcher: StreamBatcher | WindowBatcher = StreamBatcher(
                 self.corpus.train, self.batch_size, self.seq_len
@@ -128,14 +124,9 @@ class LMTask:
                     f"the saved data position is for {self._pending['batcher']} batches but this "
                     f"model trains on {kind} batches"
                 )
-            try:
-                batcher.load_state_dict(self._pending["position"])
-            except ValueError as e:
-                raise ValueError(f"cannot restore the data position: {e}") from e
+            restore_position(batcher, self._pending["position"])
             self._pending = None
         self._batcher = batcher
-        rows = self.batch_size // world
-        lo = rank * rows
 
         def _iterate() -> Iterator[Batch]:
             while True:

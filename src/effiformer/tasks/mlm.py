@@ -47,7 +47,7 @@ from torch import Tensor, nn
 from ..data import Corpus, WindowBatcher
 from ..data.tokenizer import CLS_TOKEN_TYPE_ID, MASK_ID, PAD_ID, SPECIAL_TOKENS, SubwordTokenizer
 from ..models.base import IGNORE_INDEX, ModelOutput
-from . import Batch
+from . import Batch, rank_rows, restore_position
 
 __all__ = ["MLMTask", "mask_tokens", "read_texts", "tokenize_stream"]
 
@@ -370,21 +370,12 @@ class MLMTask:
     def train_batches(self, model: nn.Module, rank: int = 0, world: int = 1) -> Iterator[Batch]:
         """This rank's rows of each global batch, every tensor (B / world, seq_len)."""
         self._check_model(model)
-        if self.batch_size % world:
-            raise ValueError(
-                f"batch_size={self.batch_size} is not divisible by the number of processes "
-                f"({world}); every rank takes an equal share of the global batch"
-            )
+        lo, rows = rank_rows(self.batch_size, rank, world)
         batcher = WindowBatcher(self.splits["train"], self.batch_size, self.seq_len - 2, self.seed)
         if self._pending is not None:
-            try:
-                batcher.load_state_dict(self._pending["position"])
-            except ValueError as e:
-                raise ValueError(f"cannot restore the data position: {e}") from e
+            restore_position(batcher, self._pending["position"])
             self._pending = None
         self._batcher = batcher
-        rows = self.batch_size // world
-        lo = rank * rows
 
         def _iterate() -> Iterator[Batch]:
             while True:
