@@ -207,19 +207,68 @@ def test_padding_keys_do_not_change_the_output():
 
 def test_core_gradcheck_with_dropout_mask():
     torch.manual_seed(0)
-    b, h, tq, tk, e, dh, shift = 1, 2, 3, 5, 4, 3, 1
-    qa = torch.randn(b, h, tq, e, dtype=F64, requires_grad=True)
-    ka = torch.randn(b, h, tk, e, dtype=F64, requires_grad=True)
+    b, h, tq, tk, dh, nf, shift = 1, 2, 3, 5, 3, 2, 1
+    qu = torch.randn(b, h, tq, dh, dtype=F64, requires_grad=True)
+    k = torch.randn(b, h, tk, dh, dtype=F64, requires_grad=True)
     v = torch.randn(b, h, tk, dh, dtype=F64, requires_grad=True)
-    qv = torch.randn(b, h, tq, dh, dtype=F64, requires_grad=True)
+    qf = torch.randn(b, h, tq, nf, dtype=F64, requires_grad=True)
+    kf = torch.randn(b, h, tk, nf, dtype=F64, requires_grad=True)
+    c0 = torch.randn(b, h, tq, dtype=F64, requires_grad=True)
+    kb = torch.randn(b, 1, 1, tk, dtype=F64)  # the padding bias: no gradient
     r = torch.randn(h, tk + shift * tq, dh, dtype=F64, requires_grad=True)
-    # dropout masks are re-drawn from the same seed in the backward pass
+    pb = torch.randn(h, dh, dtype=F64, requires_grad=True)
+    # dropout masks are re-drawn from the same seed in the backward pass; row 0 of the position
+    # query is zeroed (the cls-mask) or not
+    for row0 in (True, False):
+        assert torch.autograd.gradcheck(
+            lambda qu, k, v, qf, kf, c0, r, pb, row0=row0: _FunnelCore.apply(
+                qu, k, v, qf, kf, c0, kb, r, pb, row0, shift, 0.3, 1234
+            ),
+            (qu, k, v, qf, kf, c0, r, pb),
+        )
+    none4 = (None, None, None, None, None, None)
     assert torch.autograd.gradcheck(
-        lambda *a: _FunnelCore.apply(*a, shift, 0.3, 1234), (qa, ka, v, qv, r)
+        lambda *a: _FunnelCore.apply(*a, *none4, False, shift, 0.0, 0), (qu, k, v)
     )
+    # strided views (the heads of a projection) are accepted as they are
+    kv = torch.randn(b, tk, h, dh, dtype=F64, requires_grad=True)
     assert torch.autograd.gradcheck(
-        lambda *a: _FunnelCore.apply(*a, None, None, shift, 0.0, 0), (qa, ka, v)
+        lambda a, kv_: _FunnelCore.apply(
+            a, kv_.transpose(1, 2), kv_.transpose(1, 2) * 2, *none4, False, 1, 0.0, 0
+        ),
+        (qu, kv),
     )
+
+
+def test_core_matches_softmax_reference_with_every_term():
+    """Every input of the core at once (features, [CLS] column, padding bias, relative shift with
+    the zeroed row 0) against the explicit softmax, values and gradients."""
+    torch.manual_seed(1)
+    b, h, tq, tk, dh, nf, shift = 2, 2, 4, 8, 3, 2, 2
+    qu = torch.randn(b, h, tq, dh, dtype=F64, requires_grad=True)
+    k = torch.randn(b, h, tk, dh, dtype=F64, requires_grad=True)
+    v = torch.randn(b, h, tk, dh, dtype=F64, requires_grad=True)
+    qf = torch.randn(b, h, tq, nf, dtype=F64, requires_grad=True)
+    kf = torch.randn(b, h, tk, nf, dtype=F64)
+    c0 = torch.randn(b, h, tq, dtype=F64, requires_grad=True)
+    kb = torch.zeros(b, 1, 1, tk, dtype=F64)
+    kb[1, ..., -2:] = -1e6
+    r = torch.randn(h, tk + shift * tq, dh, dtype=F64, requires_grad=True)
+    pb = torch.randn(h, dh, dtype=F64, requires_grad=True)
+    out = _FunnelCore.apply(qu, k, v, qf, kf, c0, kb, r, pb, True, shift, 0.0, 0)
+    qv = qu + pb[None, :, None]
+    qv = torch.cat([torch.zeros_like(qv[:, :, :1]), qv[:, :, 1:]], dim=2)
+    idx = shift * (tq - torch.arange(tq))[:, None] + torch.arange(tk)[None]  # (Tq, Tk)
+    pos = torch.einsum("bhid,hijd->bhij", qv, r[:, idx])
+    s = qu @ k.transpose(-1, -2) + qf @ kf.transpose(-1, -2) + pos + kb
+    s = s + torch.nn.functional.pad(c0[..., None], (0, tk - 1))
+    ref = torch.softmax(s, -1) @ v
+    assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    params = (qu, k, v, qf, c0, r, pb)
+    g1 = torch.autograd.grad((out * ref.detach()).sum(), params)
+    g2 = torch.autograd.grad((ref * ref.detach()).sum(), params)
+    for a, c in zip(g1, g2):
+        assert_close(a, c, rtol=1e-10, atol=1e-11)
 
 
 def test_bad_inputs_get_clear_errors():

@@ -34,18 +34,22 @@ How it is computed (:meth:`FunnelRelativeAttention.forward`). :meth:`~FunnelRela
 is the textbook form above, used by tests; ``forward`` computes the same softmax with less
 memory traffic:
 
-- Everything except the relative-shift term is low rank in (i, j) and is folded into the one
-  ``q·k`` matmul as extra feature columns: the token-type term (2 columns: type ids are 0, 1 or
-  2), the [CLS]-column correction (1 column), the key padding (1 column carrying -1e6), and for
-  the factorized form the positional factors (D columns). The cls-mask on row 0 is applied by
-  zeroing query 0's position/segment vectors. Per-row constants (the same-segment score) are
-  dropped, which softmax cannot see; the [CLS] column correction keeps each row exact.
+- One stored query, ``qu = s(q + u)``: the position query ``s(q + v)`` and the token-type query
+  ``s(q + w)`` differ from it by per-head constants and are rebuilt from it where needed.
+- Everything except the relative-shift term is low rank in (i, j): the token-type term (2 feature
+  columns: type ids are 0, 1 or 2) and, for the factorized form, the positional factors (D
+  columns) join the ``q·k`` product as extra columns; the [CLS]-column correction is added to
+  column 0 and the key padding as a (B, 1, 1, Tk) bias of -1e6. The cls-mask on row 0 is
+  applied by zeroing query 0's position/segment terms. Per-row constants (the same-segment
+  score) are dropped, which softmax cannot see; the [CLS] column correction keeps each row exact.
 - The scores are formed in query chunks (flash-attention style): each chunk's relative-shift
   term is computed against only the ``Tk + shift*c`` distances it needs, the content and feature
-  columns are added by one ``baddbmm``, and softmax, dropout and P·V follow. Only the output and
-  the row log-sum-exp are kept; the backward pass recomputes each chunk's scores (dropout masks
-  are re-drawn from the same seed) and scatters the score gradient back to the distance table.
-  No (B, H, Tq, 2Tk) tensor exists and no (B, H, Tq, Tk) tensor outlives a chunk.
+  columns are added by ``baddbmm``, then one fused softmax and P·V. Only the inputs (the heads'
+  views of the projections, not copies) and the output are kept; the backward pass recomputes
+  each chunk's softmax (dropout masks are re-drawn from the same seed) and scatters the score
+  gradient back to the distance table. No (B, H, Tq, 2Tk) tensor exists and no (B, H, Tq, Tk)
+  tensor outlives a chunk, so a layer stores about what a dense layer on
+  ``scaled_dot_product_attention`` stores.
 
 Deliberate deviations: padding is masked with an additive ``-1e6`` like the official code (not
 ``-inf``), so a row whose keys are all padding stays finite; half precision inputs are scored in
@@ -141,32 +145,51 @@ class FunnelPositions:
     cls_first: bool = True
 
 
-def _bhv(t: Tensor) -> Tensor:
-    """(B, H, T, X) -> (B*H, T, X) view."""
-    return t.reshape(t.shape[0] * t.shape[1], t.shape[2], t.shape[3])
-
-
 def _chunks(tq: int):
     size = min(_CHUNK, max(_MIN_CHUNK, tq // 8))
     for i0 in range(0, tq, size):
         yield i0, min(i0 + size, tq)
 
 
-def _chunk_scores(qa, ka, qv, r, shift: int, i0: int, i1: int) -> Tensor:
-    """Scores of query rows [i0, i1): qa·ka^T plus the relative-shift term, (B, H, c, Tk)."""
-    b, h, tq, e = qa.shape
-    tk, c = ka.shape[2], i1 - i0
-    qa_c = qa[:, :, i0:i1].reshape(b * h, c, e)  # (B*H, c, E)
-    kt = ka.reshape(b * h, tk, e).transpose(1, 2)  # (B*H, E, Tk)
+def _flat(t: Tensor) -> Tensor:
+    """(B, H, T, X) -> contiguous (B*H, T, X) (a copy only when t is a strided view)."""
+    return t.reshape(t.shape[0] * t.shape[1], t.shape[2], t.shape[3])
+
+
+def _chunk_qv(qu, pb, row0: bool, i0: int, i1: int) -> Tensor:
+    """The position query ``(q + v)`` of rows [i0, i1): ``qu + pb`` with row 0 zeroed when
+    ``row0`` (the cls-mask), (B, H, c, Dh). Recomputed from ``qu``, never stored."""
+    qv = qu[:, :, i0:i1] + pb[None, :, None, :]
+    if row0 and i0 == 0:
+        qv[:, :, 0] = 0
+    return qv
+
+
+def _chunk_scores(qu, kt, qf, kft, c0, kb, qv, r, shift: int, tq: int, i0: int, i1: int) -> Tensor:
+    """Scores of query rows [i0, i1): qu·k^T + qf·kf^T + the relative-shift term, plus ``c0`` on
+    column 0 and the key bias ``kb``, (B, H, c, Tk).
+
+    kt (B*H, Dh, Tk) and kft (B*H, F, Tk): the keys and key feature columns, transposed once.
+    """
+    b, h = qu.shape[:2]
+    tk, c = kt.shape[2], i1 - i0
     if qv is None:
-        return torch.bmm(qa_c, kt).view(b, h, c, tk)
-    lo = shift * (tq - i1)
-    r_c = r[:, lo : lo + tk + shift * c]  # (H, Tk + shift*c, Dh): the distances rows i0..i1 see
-    q_c = qv[:, :, i0:i1].transpose(0, 1).reshape(h, b * c, -1)  # (H, B*c, Dh)
-    full = torch.bmm(q_c, r_c.transpose(1, 2))  # (H, B*c, Tk + shift*c)
-    full = full.view(h, b, c, -1).transpose(0, 1)  # (B, H, c, Tk + shift*c)
-    scores = relative_shift(full, tk, shift).contiguous()  # (B, H, c, Tk)
-    scores.view(b * h, c, tk).baddbmm_(qa_c, kt)
+        scores = qu.new_zeros(b, h, c, tk)
+    else:
+        lo = shift * (tq - i1)
+        r_c = r[:, lo : lo + tk + shift * c]  # (H, Tk + shift*c, Dh): the distances rows i0..i1 see
+        q_c = qv.transpose(0, 1).reshape(h, b * c, -1)  # (H, B*c, Dh)
+        full = torch.bmm(q_c, r_c.transpose(1, 2))  # (H, B*c, Tk + shift*c)
+        full = full.view(h, b, c, -1).transpose(0, 1)  # (B, H, c, Tk + shift*c)
+        scores = relative_shift(full, tk, shift).contiguous()  # (B, H, c, Tk)
+    flat = scores.view(b * h, c, tk)
+    flat.baddbmm_(_flat(qu[:, :, i0:i1]), kt)
+    if qf is not None:
+        flat.baddbmm_(_flat(qf[:, :, i0:i1]), kft)
+    if c0 is not None:
+        scores[..., 0] += c0[:, :, i0:i1]
+    if kb is not None:
+        scores += kb
     return scores
 
 
@@ -175,56 +198,79 @@ def _keep_mask(gen, shape, p: float, device) -> Tensor:
 
 
 class _FunnelCore(torch.autograd.Function):
-    """out = dropout(softmax(qa·ka^T + shift(qv·r^T))) @ v, computed in query chunks.
+    """out = dropout(softmax(qu·k^T + qf·kf^T + shift(qv·r^T))) @ v, in query chunks.
 
-    qa (B, H, Tq, E), ka (B, H, Tk, E): content plus the low-rank feature columns.
-    qv (B, H, Tq, Dh) and r (H, Tk + shift*Tq, Dh): the relative-shift term, or both None.
+    qu (B, H, Tq, Dh), k (B, H, Tk, Dh): content query (with the u bias) and keys.
+    qf (B, H, Tq, F), kf (B, H, Tk, F): the low-rank feature columns (token types, factorized
+        positions), or both None.
+    c0 (B, H, Tq): added to column 0 (the [CLS] column correction), or None.
+    kb (B, 1, 1, Tk): an additive key bias without gradient (padding), or None.
+    r (H, Tk + shift*Tq, Dh), pb (H, Dh): the relative-shift term with the position query
+        ``qv = qu + pb`` (row 0 zeroed when ``row0``), or both None.
     p: attention dropout; its masks are drawn chunk by chunk from a generator seeded with
-    ``seed`` and drawn again in the backward pass. Like flash attention, only the output and the
-    row log-sum-exp are kept: the backward pass recomputes each chunk's scores, so no
-    (B, H, Tq, Tk) tensor outlives a chunk.
+    ``seed`` and drawn again in the backward pass.
+
+    Like flash attention, only the inputs, the output and the row log-sum-exp are kept (``qv``
+    and the scores are recomputed chunk by chunk in the backward pass), so no (B, H, Tq, Tk)
+    tensor outlives a chunk. Inputs may be strided views (the heads of a projection): they are
+    saved as given and made contiguous only transiently. The output is laid out as
+    (B, Tq, H, Dv) in memory and returned as a (B, H, Tq, Dv) view, so the caller's
+    ``transpose(1, 2).reshape(B, Tq, H*Dv)`` is free.
     """
 
     @staticmethod
-    def forward(ctx, qa, ka, v, qv, r, shift: int, p: float, seed: int):
-        b, h, tq, _ = qa.shape
-        out = v.new_empty(b, h, tq, v.shape[-1])
-        lse = qa.new_empty(b, h, tq)
-        gen = torch.Generator(device=qa.device).manual_seed(seed) if p > 0 else None
+    def forward(ctx, qu, k, v, qf, kf, c0, kb, r, pb, row0: bool, shift: int, p: float, seed: int):
+        b, h, tq, _ = qu.shape
+        tk = k.shape[2]
+        kt = _flat(k).transpose(1, 2)  # (B*H, Dh, Tk)
+        kft = None if kf is None else _flat(kf).transpose(1, 2)  # (B*H, F, Tk)
+        vc = _flat(v).view(b, h, tk, -1)
+        out = v.new_empty(b, tq, h, v.shape[-1]).permute(0, 2, 1, 3)  # (B, H, Tq, Dv) view
+        gen = torch.Generator(device=qu.device).manual_seed(seed) if p > 0 else None
         for i0, i1 in _chunks(tq):
-            s = _chunk_scores(qa, ka, qv, r, shift, i0, i1)  # (B, H, c, Tk)
-            lse_c = torch.logsumexp(s, dim=-1)  # (B, H, c)
-            probs = s.sub_(lse_c[..., None]).exp_()
+            qv = None if r is None else _chunk_qv(qu, pb, row0, i0, i1)
+            s = _chunk_scores(qu, kt, qf, kft, c0, kb, qv, r, shift, tq, i0, i1)  # (B, H, c, Tk)
+            probs = torch.softmax(s, dim=-1)
+            del s
             if gen is not None:
-                probs.mul_(_keep_mask(gen, probs.shape, p, qa.device)).mul_(1.0 / (1.0 - p))
-            out[:, :, i0:i1] = probs @ v
-            lse[:, :, i0:i1] = lse_c
-        ctx.shift, ctx.p, ctx.seed = shift, p, seed
-        ctx.save_for_backward(qa, ka, v, qv, r, out, lse)
+                probs.mul_(_keep_mask(gen, probs.shape, p, qu.device)).mul_(1.0 / (1.0 - p))
+            out[:, :, i0:i1] = probs @ vc
+        ctx.shift, ctx.p, ctx.seed, ctx.row0 = shift, p, seed, row0
+        ctx.save_for_backward(qu, k, v, qf, kf, c0, kb, r, pb, out)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        qa, ka, v, qv, r, out, lse = ctx.saved_tensors
-        shift, p = ctx.shift, ctx.p
-        b, h, tq, _ = qa.shape
-        tk = ka.shape[2]
-        grad_out = grad_out.contiguous()
+        qu, k, v, qf, kf, c0, kb, r, pb, out = ctx.saved_tensors
+        shift, p, row0 = ctx.shift, ctx.p, ctx.row0
+        b, h, tq, _ = qu.shape
+        tk = k.shape[2]
+        need = ctx.needs_input_grad
+        kc = _flat(k)  # (B*H, Tk, Dh), contiguous
+        kt = kc.transpose(1, 2)
+        kfc = None if kf is None else _flat(kf)
+        kft = None if kfc is None else kfc.transpose(1, 2)
+        vc = _flat(v).view(b, h, tk, -1)
         delta = (grad_out * out).sum(-1)  # (B, H, Tq): rowsum(P dP) = rowsum(dO O)
-        gen = torch.Generator(device=qa.device).manual_seed(ctx.seed) if p > 0 else None
-        grad_qa = torch.empty_like(qa)
-        grad_ka = torch.zeros_like(ka)
-        grad_v = torch.zeros_like(v)
-        grad_qv = None if qv is None else torch.empty_like(qv)
+        gen = torch.Generator(device=qu.device).manual_seed(ctx.seed) if p > 0 else None
+        grad_qu = qu.new_empty(b, h, tq, qu.shape[-1])
+        grad_k = torch.zeros_like(kc).view(b, h, tk, -1)
+        grad_v = torch.zeros_like(vc)
+        grad_qf = None if qf is None else qf.new_empty(qf.shape)
+        grad_kf = None if kf is None or not need[4] else torch.zeros_like(kfc).view(kf.shape)
+        grad_c0 = None if c0 is None else torch.empty_like(c0)
         grad_r = None if r is None else torch.zeros_like(r)
+        grad_pb = None if r is None else torch.zeros_like(pb)
         for i0, i1 in _chunks(tq):
             c = i1 - i0
-            probs = _chunk_scores(qa, ka, qv, r, shift, i0, i1)
-            probs.sub_(lse[:, :, i0:i1, None]).exp_()  # (B, H, c, Tk)
+            qv = None if r is None else _chunk_qv(qu, pb, row0, i0, i1)
+            s = _chunk_scores(qu, kt, qf, kft, c0, kb, qv, r, shift, tq, i0, i1)
+            probs = torch.softmax(s, dim=-1)  # (B, H, c, Tk), recomputed
+            del s
             g_out = grad_out[:, :, i0:i1]  # (B, H, c, Dv)
-            grad_p = g_out @ v.transpose(-1, -2)  # (B, H, c, Tk)
+            grad_p = g_out @ vc.transpose(-1, -2)  # (B, H, c, Tk)
             if gen is not None:
-                keep = _keep_mask(gen, probs.shape, p, qa.device).mul_(1.0 / (1.0 - p))
+                keep = _keep_mask(gen, probs.shape, p, qu.device).mul_(1.0 / (1.0 - p))
                 grad_v += (probs * keep).transpose(-1, -2) @ g_out
                 grad_p.mul_(keep)
                 del keep
@@ -232,9 +278,18 @@ class _FunnelCore(torch.autograd.Function):
                 grad_v += probs.transpose(-1, -2) @ g_out
             grad_s = grad_p.sub_(delta[:, :, i0:i1, None]).mul_(probs)  # softmax backward
             del probs
-            grad_qa[:, :, i0:i1] = grad_s @ ka
-            grad_ka += grad_s.transpose(-1, -2) @ qa[:, :, i0:i1]
-            if qv is not None:
+            if grad_c0 is not None:
+                grad_c0[:, :, i0:i1] = grad_s[..., 0]
+            gs = grad_s.view(b * h, c, tk)
+            q_c = _flat(qu[:, :, i0:i1])  # (B*H, c, Dh)
+            grad_qu[:, :, i0:i1] = torch.bmm(gs, kc).view(b, h, c, -1)
+            grad_k += torch.bmm(gs.transpose(1, 2), q_c).view(b, h, tk, -1)
+            if qf is not None:
+                grad_qf[:, :, i0:i1] = torch.bmm(gs, kfc).view(b, h, c, -1)
+                if grad_kf is not None:
+                    qf_c = _flat(qf[:, :, i0:i1])
+                    grad_kf += torch.bmm(gs.transpose(1, 2), qf_c).view(kf.shape)
+            if r is not None:
                 lo = shift * (tq - i1)
                 width = tk + shift * c
                 r_c = r[:, lo : lo + width]  # (H, width, Dh)
@@ -245,10 +300,28 @@ class _FunnelCore(torch.autograd.Function):
                 flat[..., shift * c :].view(h, b, c, width - shift)[..., tk:].zero_()
                 relative_shift(g.transpose(0, 1), tk, shift).copy_(grad_s)
                 g = g.view(h, b * c, width)
-                q_c = qv[:, :, i0:i1].transpose(0, 1).reshape(h, b * c, -1)  # (H, B*c, Dh)
-                grad_qv[:, :, i0:i1] = torch.bmm(g, r_c).view(h, b, c, -1).transpose(0, 1)
-                grad_r[:, lo : lo + width] += torch.bmm(g.transpose(1, 2), q_c)
-        return grad_qa, grad_ka, grad_v, grad_qv, grad_r, None, None, None
+                qv_c = qv.transpose(0, 1).reshape(h, b * c, -1)  # (H, B*c, Dh)
+                g_qv = torch.bmm(g, r_c).view(h, b, c, -1).transpose(0, 1)  # (B, H, c, Dh)
+                if row0 and i0 == 0:
+                    g_qv[:, :, 0] = 0
+                grad_qu[:, :, i0:i1] += g_qv
+                grad_pb += g_qv.sum((0, 2))
+                grad_r[:, lo : lo + width] += torch.bmm(g.transpose(1, 2), qv_c)
+        return (
+            grad_qu,
+            grad_k,
+            grad_v,
+            grad_qf,
+            grad_kf,
+            grad_c0,
+            None,
+            grad_r,
+            grad_pb,
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 class FunnelRelativeAttention(nn.Module):
@@ -354,11 +427,18 @@ class FunnelRelativeAttention(nn.Module):
         g = torch.cat([ck, sk], dim=-1)  # (Tk, D)
         return f, g
 
-    def _seg_scores(self, q: Tensor) -> tuple[Tensor, Tensor]:
-        """(q + w)·seg_embed: scores for a different and the same segment, (B, H, Tq) each."""
-        qs = q + (self.r_s_bias * self.scale)[:, None, :]
-        seg = torch.einsum("bnih,snh->bnis", qs, self.seg_embed.to(q.dtype))  # (B, H, Tq, 2)
-        return seg[..., 0], seg[..., 1]
+    def _seg_scores(self, q: Tensor, *, from_qu: bool = False) -> tuple[Tensor, Tensor]:
+        """s(q + w)·seg_embed: scores for a different and the same segment, (B, H, Tq) each.
+
+        ``q`` is the scaled query ``s q``, or with ``from_qu`` the content query ``s(q + u)``
+        (then ``(w - u)s`` is added instead of ``w s``; the product stores only ``q``)."""
+        seg_embed = self.seg_embed.to(q.dtype)
+        bias = self.r_s_bias - self.r_w_bias if from_qu else self.r_s_bias
+        const = ((bias * self.scale)[None] * seg_embed).sum(-1)  # (2, H)
+        # Elementwise products (not einsum, whose reshapes would store copies of q): (B, H, Tq).
+        diff = (q * seg_embed[0][:, None]).sum(-1) + const[0][:, None]
+        same = (q * seg_embed[1][:, None]).sum(-1) + const[1][:, None]
+        return diff, same
 
     # ------------------------------------------------------------------ textbook form
 
@@ -417,26 +497,35 @@ class FunnelRelativeAttention(nn.Module):
         q, k, v = self._project(x, kv)
         if q.dtype in (torch.float16, torch.bfloat16):
             q, k, v = q.float(), k.float(), v.float()
-        qu = q + (self.r_w_bias * self.scale)[:, None, :]
-        qv = q + (self.r_r_bias * self.scale)[:, None, :]  # (B, H, Tq, Dh)
-        diff, same = self._seg_scores(q)  # (B, H, Tq)
+        h = self.n_heads
+        # Every term is built from qu = s(q + u) (one stored tensor); the position query
+        # s(q + v) = qu + pb and the token-type query s(q + w) = qu + (w - u)s differ from it by
+        # per-head constants.
+        qu = q + (self.r_w_bias * self.scale)[:, None, :]  # (B, H, Tq, Dh)
+        pb = (self.r_r_bias - self.r_w_bias) * self.scale  # (H, Dh)
+        diff, same = self._seg_scores(qu, from_qu=True)  # (B, H, Tq)
+        row = None
         if positions.cls_first:
             # cls-mask, row 0: query 0 gets no position or token-type score.
-            row = torch.ones(tq, 1, dtype=q.dtype, device=q.device)
+            row = torch.ones(tq, dtype=q.dtype, device=q.device)
             row[0] = 0
-            qv = qv * row
-            diff, same = diff * row[:, 0], same * row[:, 0]
-        qf, kf = [qu], [k]  # feature columns of the one q·k matmul
+            diff, same = diff * row, same * row
+        qf, kf = [], []  # low-rank feature columns of the score matrix
         r = None
         if positions.kind == "relative_shift":
             r = self._r_head(positions, q.dtype)  # (H, Tk + shift*Tq, Dh)
             if positions.cls_first:
+                # entry (i, 0) of the position term: (qu_i + pb)·r[shift*(Tq - i)]
                 idx = positions.shift * (tq - torch.arange(tq, device=q.device))
-                pos_col0 = (qv * r[:, idx][None]).sum(-1)  # (B, H, Tq): entry (i, 0)
+                r0 = r[:, idx]  # (H, Tq, Dh)
+                pos_col0 = ((qu * r0).sum(-1) + (pb[:, None] * r0).sum(-1)) * row
         else:
+            qv = qu + pb[:, None, :]
+            if row is not None:
+                qv = qv * row[:, None]
             f, g = self._factors(qv, positions)
             qf.append(f)
-            kf.append(g.expand(b, self.n_heads, tk, g.shape[-1]))
+            kf.append(g.expand(b, h, tk, g.shape[-1]))
             if positions.cls_first:
                 pos_col0 = f @ g[0]  # (B, H, Tq)
         seg_col0 = torch.zeros_like(same)
@@ -447,35 +536,36 @@ class FunnelRelativeAttention(nn.Module):
             gap = same - diff
             for a, c in ((0, 1), (1, 0)):
                 qcol = -gap * (t_q == a)[:, None].to(q.dtype)  # (B, H, Tq)
-                kcol = (t_k == c)[:, None].to(q.dtype).expand(b, self.n_heads, tk)  # (B, H, Tk)
+                kcol = (t_k == c)[:, None].to(q.dtype).expand(b, h, tk)  # (B, H, Tk)
                 qf.append(qcol[..., None])
                 kf.append(kcol[..., None])
                 seg_col0 = seg_col0 + qcol * kcol[..., :1]
+        corr = kb = None
         if positions.cls_first:
             # cls-mask, column 0: what makes entry (i, 0) content-only (minus the dropped row
-            # constant `same`).
+            # constant `same`), (B, H, Tq).
             corr = -same - pos_col0 - seg_col0
-            col0 = torch.zeros(tk, dtype=q.dtype, device=q.device)
-            col0[0] = 1
-            qf.append(corr[..., None])
-            kf.append(col0.expand(b, self.n_heads, tk)[..., None])
         if mask is not None and mask.key_padding is not None:
             pad = (~mask.key_padding.to(torch.bool)).to(q.dtype) * NEG_INF  # (B, Tk)
-            qf.append(torch.ones_like(qu[..., :1]))
-            kf.append(pad[:, None, :, None].expand(b, self.n_heads, tk, 1))
-        qa = torch.cat(qf, dim=-1) if len(qf) > 1 else qu  # (B, H, Tq, E)
-        ka = torch.cat(kf, dim=-1) if len(kf) > 1 else k  # (B, H, Tk, E)
+            kb = pad[:, None, None, :]  # (B, 1, 1, Tk)
+        qf_t = torch.cat(qf, dim=-1) if qf else None  # (B, H, Tq, F)
+        kf_t = torch.cat(kf, dim=-1) if kf else None  # (B, H, Tk, F)
         p = self.dropout if self.training else 0.0
         seed = int(torch.randint(0, 2**62, (1,))) if p > 0.0 else 0
         o = _FunnelCore.apply(
-            qa.contiguous(),
-            ka.contiguous(),
-            v.contiguous(),
-            None if r is None else qv.contiguous(),
-            None if r is None else r.contiguous(),
+            qu,
+            k,
+            v,
+            qf_t,
+            kf_t,
+            corr,
+            kb,
+            r,
+            None if r is None else pb,
+            positions.cls_first,
             positions.shift,
             p,
             seed,
-        )  # (B, H, Tq, Dh)
-        o = o.transpose(1, 2).reshape(b, tq, self.n_heads * self.head_dim).to(out_dtype)
+        )  # (B, H, Tq, Dh), laid out as (B, Tq, H, Dh)
+        o = o.transpose(1, 2).reshape(b, tq, h * self.head_dim).to(out_dtype)
         return AttentionOutput(out=self.o_proj(o))
