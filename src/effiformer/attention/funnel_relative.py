@@ -157,40 +157,44 @@ def _flat(t: Tensor) -> Tensor:
 
 
 def _chunk_qv(qu, pb, row0: bool, i0: int, i1: int) -> Tensor:
-    """The position query ``(q + v)`` of rows [i0, i1): ``qu + pb`` with row 0 zeroed when
-    ``row0`` (the cls-mask), (B, H, c, Dh). Recomputed from ``qu``, never stored."""
-    qv = qu[:, :, i0:i1] + pb[None, :, None, :]
+    """The position query ``(q + v)`` of rows [i0, i1) laid out head-major for the distance
+    matmul: ``qu + pb`` with row 0 zeroed when ``row0`` (the cls-mask), (H, B, c, Dh).
+    ``qu`` is (B, H, Tq, Dh); recomputed from it, never stored."""
+    b, h, _, dh = qu.shape
+    qv = qu.new_empty(h, b, i1 - i0, dh)
+    torch.add(qu[:, :, i0:i1].transpose(0, 1), pb[:, None, None, :], out=qv)
     if row0 and i0 == 0:
         qv[:, :, 0] = 0
     return qv
 
 
-def _chunk_scores(qu, kt, qf, kft, c0, kb, qv, r, shift: int, tq: int, i0: int, i1: int) -> Tensor:
+def _chunk_scores(quf, kt, qff, kft, c0, kb, qv, r, shift: int, i0: int, i1: int) -> Tensor:
     """Scores of query rows [i0, i1): qu·k^T + qf·kf^T + the relative-shift term, plus ``c0`` on
     column 0 and the key bias ``kb``, (B, H, c, Tk).
 
-    kt (B*H, Dh, Tk) and kft (B*H, F, Tk): the keys and key feature columns, transposed once.
+    quf (B*H, Tq, Dh), qff (B*H, Tq, F): contiguous queries and query feature columns;
+    kt (B*H, Dh, Tk), kft (B*H, F, Tk): keys and key feature columns, transposed; qv: the
+    chunk's position query from :func:`_chunk_qv`.
     """
-    b, h = qu.shape[:2]
+    bh, tq = quf.shape[:2]
     tk, c = kt.shape[2], i1 - i0
     if qv is None:
-        scores = qu.new_zeros(b, h, c, tk)
+        scores = quf.new_zeros(bh, c, tk)
     else:
+        h, b = qv.shape[:2]
         lo = shift * (tq - i1)
         r_c = r[:, lo : lo + tk + shift * c]  # (H, Tk + shift*c, Dh): the distances rows i0..i1 see
-        q_c = qv.transpose(0, 1).reshape(h, b * c, -1)  # (H, B*c, Dh)
-        full = torch.bmm(q_c, r_c.transpose(1, 2))  # (H, B*c, Tk + shift*c)
+        full = torch.bmm(qv.view(h, b * c, -1), r_c.transpose(1, 2))  # (H, B*c, Tk + shift*c)
         full = full.view(h, b, c, -1).transpose(0, 1)  # (B, H, c, Tk + shift*c)
-        scores = relative_shift(full, tk, shift).contiguous()  # (B, H, c, Tk)
-    flat = scores.view(b * h, c, tk)
-    flat.baddbmm_(_flat(qu[:, :, i0:i1]), kt)
-    if qf is not None:
-        flat.baddbmm_(_flat(qf[:, :, i0:i1]), kft)
+        scores = relative_shift(full, tk, shift).reshape(bh, c, tk)  # a copy, (B*H, c, Tk)
+    scores.baddbmm_(quf[:, i0:i1], kt)
+    if qff is not None:
+        scores.baddbmm_(qff[:, i0:i1], kft)
     if c0 is not None:
-        scores[..., 0] += c0[:, :, i0:i1]
+        scores[:, :, 0] += c0.reshape(bh, -1)[:, i0:i1]
     if kb is not None:
-        scores += kb
-    return scores
+        scores.view(kb.shape[0], -1, c, tk).add_(kb)
+    return scores  # (B*H, c, Tk)
 
 
 def _keep_mask(gen, shape, p: float, device) -> Tensor:
@@ -221,20 +225,21 @@ class _FunnelCore(torch.autograd.Function):
     @staticmethod
     def forward(ctx, qu, k, v, qf, kf, c0, kb, r, pb, row0: bool, shift: int, p: float, seed: int):
         b, h, tq, _ = qu.shape
-        tk = k.shape[2]
+        quf = _flat(qu)  # (B*H, Tq, Dh), contiguous (transient when qu is a strided view)
+        qff = None if qf is None else _flat(qf)
         kt = _flat(k).transpose(1, 2)  # (B*H, Dh, Tk)
         kft = None if kf is None else _flat(kf).transpose(1, 2)  # (B*H, F, Tk)
-        vc = _flat(v).view(b, h, tk, -1)
+        vf = _flat(v)  # (B*H, Tk, Dv)
         out = v.new_empty(b, tq, h, v.shape[-1]).permute(0, 2, 1, 3)  # (B, H, Tq, Dv) view
         gen = torch.Generator(device=qu.device).manual_seed(seed) if p > 0 else None
         for i0, i1 in _chunks(tq):
             qv = None if r is None else _chunk_qv(qu, pb, row0, i0, i1)
-            s = _chunk_scores(qu, kt, qf, kft, c0, kb, qv, r, shift, tq, i0, i1)  # (B, H, c, Tk)
+            s = _chunk_scores(quf, kt, qff, kft, c0, kb, qv, r, shift, i0, i1)  # (B*H, c, Tk)
             probs = torch.softmax(s, dim=-1)
             del s
             if gen is not None:
                 probs.mul_(_keep_mask(gen, probs.shape, p, qu.device)).mul_(1.0 / (1.0 - p))
-            out[:, :, i0:i1] = probs @ vc
+            out[:, :, i0:i1] = torch.bmm(probs, vf).view(b, h, i1 - i0, -1)
         ctx.shift, ctx.p, ctx.seed, ctx.row0 = shift, p, seed, row0
         ctx.save_for_backward(qu, k, v, qf, kf, c0, kb, r, pb, out)
         return out
@@ -243,52 +248,53 @@ class _FunnelCore(torch.autograd.Function):
     def backward(ctx, grad_out):
         qu, k, v, qf, kf, c0, kb, r, pb, out = ctx.saved_tensors
         shift, p, row0 = ctx.shift, ctx.p, ctx.row0
-        b, h, tq, _ = qu.shape
+        b, h, tq, dh = qu.shape
         tk = k.shape[2]
+        bh = b * h
         need = ctx.needs_input_grad
-        kc = _flat(k)  # (B*H, Tk, Dh), contiguous
-        kt = kc.transpose(1, 2)
-        kfc = None if kf is None else _flat(kf)
-        kft = None if kfc is None else kfc.transpose(1, 2)
-        vc = _flat(v).view(b, h, tk, -1)
-        delta = (grad_out * out).sum(-1)  # (B, H, Tq): rowsum(P dP) = rowsum(dO O)
+        quf = _flat(qu)  # (B*H, Tq, Dh)
+        qff = None if qf is None else _flat(qf)
+        kf_ = _flat(k)  # (B*H, Tk, Dh)
+        kt = kf_.transpose(1, 2)
+        kff = None if kf is None else _flat(kf)
+        kft = None if kff is None else kff.transpose(1, 2)
+        vf = _flat(v)  # (B*H, Tk, Dv)
+        gof = _flat(grad_out)  # (B*H, Tq, Dv)
+        delta = (grad_out * out).sum(-1).reshape(bh, tq)  # rowsum(P dP) = rowsum(dO O)
         gen = torch.Generator(device=qu.device).manual_seed(ctx.seed) if p > 0 else None
-        grad_qu = qu.new_empty(b, h, tq, qu.shape[-1])
-        grad_k = torch.zeros_like(kc).view(b, h, tk, -1)
-        grad_v = torch.zeros_like(vc)
-        grad_qf = None if qf is None else qf.new_empty(qf.shape)
-        grad_kf = None if kf is None or not need[4] else torch.zeros_like(kfc).view(kf.shape)
-        grad_c0 = None if c0 is None else torch.empty_like(c0)
+        grad_qu = qu.new_empty(bh, tq, dh)
+        grad_k = torch.zeros_like(kf_)
+        grad_v = torch.zeros_like(vf)
+        grad_qf = None if qf is None else qff.new_empty(qff.shape)
+        grad_kf = None if kf is None or not need[4] else torch.zeros_like(kff)
+        grad_c0 = None if c0 is None else c0.new_empty(bh, tq)
         grad_r = None if r is None else torch.zeros_like(r)
         grad_pb = None if r is None else torch.zeros_like(pb)
         for i0, i1 in _chunks(tq):
             c = i1 - i0
             qv = None if r is None else _chunk_qv(qu, pb, row0, i0, i1)
-            s = _chunk_scores(qu, kt, qf, kft, c0, kb, qv, r, shift, tq, i0, i1)
-            probs = torch.softmax(s, dim=-1)  # (B, H, c, Tk), recomputed
+            s = _chunk_scores(quf, kt, qff, kft, c0, kb, qv, r, shift, i0, i1)
+            probs = torch.softmax(s, dim=-1)  # (B*H, c, Tk), recomputed
             del s
-            g_out = grad_out[:, :, i0:i1]  # (B, H, c, Dv)
-            grad_p = g_out @ vc.transpose(-1, -2)  # (B, H, c, Tk)
+            g_out = gof[:, i0:i1]  # (B*H, c, Dv)
+            grad_p = torch.bmm(g_out, vf.transpose(1, 2))  # (B*H, c, Tk)
             if gen is not None:
                 keep = _keep_mask(gen, probs.shape, p, qu.device).mul_(1.0 / (1.0 - p))
-                grad_v += (probs * keep).transpose(-1, -2) @ g_out
+                grad_v.baddbmm_((probs * keep).transpose(1, 2), g_out)
                 grad_p.mul_(keep)
                 del keep
             else:
-                grad_v += probs.transpose(-1, -2) @ g_out
-            grad_s = grad_p.sub_(delta[:, :, i0:i1, None]).mul_(probs)  # softmax backward
+                grad_v.baddbmm_(probs.transpose(1, 2), g_out)
+            grad_s = grad_p.sub_(delta[:, i0:i1, None]).mul_(probs)  # softmax backward
             del probs
             if grad_c0 is not None:
-                grad_c0[:, :, i0:i1] = grad_s[..., 0]
-            gs = grad_s.view(b * h, c, tk)
-            q_c = _flat(qu[:, :, i0:i1])  # (B*H, c, Dh)
-            grad_qu[:, :, i0:i1] = torch.bmm(gs, kc).view(b, h, c, -1)
-            grad_k += torch.bmm(gs.transpose(1, 2), q_c).view(b, h, tk, -1)
+                grad_c0[:, i0:i1] = grad_s[:, :, 0]
+            torch.bmm(grad_s, kf_, out=grad_qu[:, i0:i1])
+            grad_k.baddbmm_(grad_s.transpose(1, 2), quf[:, i0:i1])
             if qf is not None:
-                grad_qf[:, :, i0:i1] = torch.bmm(gs, kfc).view(b, h, c, -1)
+                torch.bmm(grad_s, kff, out=grad_qf[:, i0:i1])
                 if grad_kf is not None:
-                    qf_c = _flat(qf[:, :, i0:i1])
-                    grad_kf += torch.bmm(gs.transpose(1, 2), qf_c).view(kf.shape)
+                    grad_kf.baddbmm_(grad_s.transpose(1, 2), qff[:, i0:i1])
             if r is not None:
                 lo = shift * (tq - i1)
                 width = tk + shift * c
@@ -298,22 +304,22 @@ class _FunnelCore(torch.autograd.Function):
                 flat = g.view(h, b, c * width)
                 flat[..., : shift * c].zero_()
                 flat[..., shift * c :].view(h, b, c, width - shift)[..., tk:].zero_()
-                relative_shift(g.transpose(0, 1), tk, shift).copy_(grad_s)
+                relative_shift(g.transpose(0, 1), tk, shift).copy_(grad_s.view(b, h, c, tk))
                 g = g.view(h, b * c, width)
-                qv_c = qv.transpose(0, 1).reshape(h, b * c, -1)  # (H, B*c, Dh)
-                g_qv = torch.bmm(g, r_c).view(h, b, c, -1).transpose(0, 1)  # (B, H, c, Dh)
+                g_qv = torch.bmm(g, r_c).view(h, b, c, dh)  # (H, B, c, Dh)
                 if row0 and i0 == 0:
                     g_qv[:, :, 0] = 0
-                grad_qu[:, :, i0:i1] += g_qv
-                grad_pb += g_qv.sum((0, 2))
-                grad_r[:, lo : lo + width] += torch.bmm(g.transpose(1, 2), qv_c)
+                grad_qu.view(b, h, tq, dh)[:, :, i0:i1] += g_qv.transpose(0, 1)
+                grad_pb += g_qv.sum((1, 2))
+                grad_r[:, lo : lo + width].baddbmm_(g.transpose(1, 2), qv.view(h, b * c, dh))
+        view = lambda t, like: None if t is None else t.view(like.shape)  # noqa: E731
         return (
-            grad_qu,
-            grad_k,
-            grad_v,
-            grad_qf,
-            grad_kf,
-            grad_c0,
+            view(grad_qu, qu),
+            view(grad_k, k),
+            view(grad_v, v),
+            view(grad_qf, qf),
+            view(grad_kf, kf),
+            view(grad_c0, c0),
             None,
             grad_r,
             grad_pb,
