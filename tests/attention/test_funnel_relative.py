@@ -281,3 +281,40 @@ def test_bad_inputs_get_clear_errors():
         att(x, mask=AttentionMask(causal=True), positions=p)
     with pytest.raises(ValueError, match="positions.rel"):
         att(x[:, :5], positions=p)
+
+
+def _stored_bytes(module, fn):
+    """Bytes of the distinct non-parameter storages autograd keeps for the backward pass."""
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    seen = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            seen[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(seen.values())
+
+
+def test_stores_no_more_than_a_dense_sdpa_layer_besides_the_distance_table():
+    """The fused core keeps one query and the heads' views (no copies), like a dense layer on
+    scaled_dot_product_attention; what it stores beyond that is batch-independent (the distance
+    table and its projection). Checked at batch 1 and 8: the excess must not grow with B."""
+    d, t = 64, 64
+    torch.manual_seed(0)
+    fun = FunnelRelativeAttention(d, 4, 16)
+    dense = DenseAttention(d, 4, 16)
+    k_pos = torch.arange(t)
+    rel = rel_sinusoid(relative_distances(k_pos, k_pos, 1), d).float()
+    pos = FunnelPositions("relative_shift", rel=rel, shift=1)
+    excess = []
+    for b in (1, 8):
+        x = torch.randn(b, t, d, requires_grad=True)
+        f = _stored_bytes(fun, lambda x=x: fun(x, positions=pos).out)
+        g = _stored_bytes(dense, lambda x=x: dense(x).out)
+        excess.append(f - g)
+        assert f - g <= rel.nbytes + 2 * 4 * (2 * t) * 16 * 4, (b, f, g)
+    assert excess[1] <= excess[0] + 8 * 4 * t * 4 * 4  # at most a few (B, H, T) vectors more

@@ -214,8 +214,8 @@ class _FunnelCore(torch.autograd.Function):
     p: attention dropout; its masks are drawn chunk by chunk from a generator seeded with
     ``seed`` and drawn again in the backward pass.
 
-    Like flash attention, only the inputs, the output and the row log-sum-exp are kept (``qv``
-    and the scores are recomputed chunk by chunk in the backward pass), so no (B, H, Tq, Tk)
+    Like flash attention, only the inputs and the output are kept (``qv``, the scores and their
+    softmax are recomputed chunk by chunk in the backward pass), so no (B, H, Tq, Tk)
     tensor outlives a chunk. Inputs may be strided views (the heads of a projection): they are
     saved as given and made contiguous only transiently. The output is laid out as
     (B, Tq, H, Dv) in memory and returned as a (B, H, Tq, Dv) view, so the caller's
