@@ -205,18 +205,21 @@ def test_padding_keys_do_not_change_the_output():
     assert_close(att(x, mask=m, positions=p).out[:, :7], att(y, mask=m, positions=p).out[:, :7])
 
 
+def _core_inputs(seed, b, h, tq, tk, dh, nf, shift):
+    """Random float64 inputs of the core: qu, k, v, qf, kf, c0 (requiring grad), the padding
+    bias kb (no gradient), r and pb (requiring grad)."""
+    torch.manual_seed(seed)
+    shapes = [(b, h, tq, dh), (b, h, tk, dh), (b, h, tk, dh), (b, h, tq, nf), (b, h, tk, nf)]
+    shapes += [(b, h, tq), (b, 1, 1, tk), (h, tk + shift * tq, dh), (h, dh)]
+    out = [torch.randn(*s, dtype=F64) for s in shapes]
+    for i, t in enumerate(out):
+        t.requires_grad_(i != 6)
+    return out
+
+
 def test_core_gradcheck_with_dropout_mask():
-    torch.manual_seed(0)
     b, h, tq, tk, dh, nf, shift = 1, 2, 3, 5, 3, 2, 1
-    qu = torch.randn(b, h, tq, dh, dtype=F64, requires_grad=True)
-    k = torch.randn(b, h, tk, dh, dtype=F64, requires_grad=True)
-    v = torch.randn(b, h, tk, dh, dtype=F64, requires_grad=True)
-    qf = torch.randn(b, h, tq, nf, dtype=F64, requires_grad=True)
-    kf = torch.randn(b, h, tk, nf, dtype=F64, requires_grad=True)
-    c0 = torch.randn(b, h, tq, dtype=F64, requires_grad=True)
-    kb = torch.randn(b, 1, 1, tk, dtype=F64)  # the padding bias: no gradient
-    r = torch.randn(h, tk + shift * tq, dh, dtype=F64, requires_grad=True)
-    pb = torch.randn(h, dh, dtype=F64, requires_grad=True)
+    qu, k, v, qf, kf, c0, kb, r, pb = _core_inputs(0, b, h, tq, tk, dh, nf, shift)
     # dropout masks are re-drawn from the same seed in the backward pass; row 0 of the position
     # query is zeroed (the cls-mask) or not
     for row0 in (True, False):
@@ -243,18 +246,11 @@ def test_core_gradcheck_with_dropout_mask():
 def test_core_matches_softmax_reference_with_every_term():
     """Every input of the core at once (features, [CLS] column, padding bias, relative shift with
     the zeroed row 0) against the explicit softmax, values and gradients."""
-    torch.manual_seed(1)
     b, h, tq, tk, dh, nf, shift = 2, 2, 4, 8, 3, 2, 2
-    qu = torch.randn(b, h, tq, dh, dtype=F64, requires_grad=True)
-    k = torch.randn(b, h, tk, dh, dtype=F64, requires_grad=True)
-    v = torch.randn(b, h, tk, dh, dtype=F64, requires_grad=True)
-    qf = torch.randn(b, h, tq, nf, dtype=F64, requires_grad=True)
-    kf = torch.randn(b, h, tk, nf, dtype=F64)
-    c0 = torch.randn(b, h, tq, dtype=F64, requires_grad=True)
+    qu, k, v, qf, kf, c0, kb, r, pb = _core_inputs(1, b, h, tq, tk, dh, nf, shift)
+    kf = kf.detach()
     kb = torch.zeros(b, 1, 1, tk, dtype=F64)
     kb[1, ..., -2:] = -1e6
-    r = torch.randn(h, tk + shift * tq, dh, dtype=F64, requires_grad=True)
-    pb = torch.randn(h, dh, dtype=F64, requires_grad=True)
     out = _FunnelCore.apply(qu, k, v, qf, kf, c0, kb, r, pb, True, shift, 0.0, 0)
     qv = qu + pb[None, :, None]
     qv = torch.cat([torch.zeros_like(qv[:, :, :1]), qv[:, :, 1:]], dim=2)
