@@ -309,3 +309,27 @@ def test_fine_tune_step_checkpoint_and_reload(tmp_path: Path) -> None:
             torch.testing.assert_close(
                 next(again.train_batches(clf)).data["input_ids"], nxt.data["input_ids"]
             )
+
+
+def test_dense_classifier_skips_the_mlm_head_and_keeps_the_hidden_state() -> None:
+    import torch
+
+    from effiformer import create_model
+    from effiformer.tasks.glue import SequenceClassifier
+
+    torch.manual_seed(0)
+    enc = create_model("vanilla-tiny", causal=False, vocab_size=50, seq_len=12, dropout=0.0).eval()
+    ids = torch.randint(0, 50, (3, 12))
+    keep = torch.ones(3, 12, dtype=torch.bool)
+    keep[1, 8:] = False
+    full = enc(ids, attention_mask=keep).hidden  # runs the tied head too
+    clf = SequenceClassifier(enc, 2).eval()
+
+    def _no_head(h):
+        raise AssertionError("the MLM head ran inside the classifier")
+
+    enc.head.forward = _no_head
+    out = clf(ids, attention_mask=keep, labels=torch.tensor([0, 1, 1]))
+    torch.testing.assert_close(out.hidden, full, rtol=0, atol=0)
+    torch.testing.assert_close(out.logits, clf.head(full))
+    assert torch.isfinite(out.loss)

@@ -99,17 +99,10 @@ class Transformer(EffiModel):
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
 
-    def forward(
-        self,
-        input_ids: Tensor,
-        *,
-        targets: Tensor | None = None,
-        attention_mask: Tensor | None = None,
-        state: None = None,
-    ) -> ModelOutput:
+    def encode(self, input_ids: Tensor, *, attention_mask: Tensor | None = None) -> Tensor:
+        """The final hidden states (B, T, D), without the output head (what a sequence
+        classifier on this encoder needs)."""
         self.check_input_ids(input_ids)
-        if state is not None:
-            raise ValueError(f"{type(self).__name__} is stateless; pass state=None")
         if attention_mask is not None and attention_mask.shape != input_ids.shape:
             raise ValueError(
                 f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, "
@@ -123,7 +116,19 @@ class Transformer(EffiModel):
         x = self.drop(self.pos(x))
         for block in self.blocks:
             x = block(x, mask=mask).out
-        h = self.final_norm(x)
+        return self.final_norm(x)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        *,
+        targets: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        state: None = None,
+    ) -> ModelOutput:
+        if state is not None:
+            raise ValueError(f"{type(self).__name__} is stateless; pass state=None")
+        h = self.encode(input_ids, attention_mask=attention_mask)  # (B, T, D)
         logits = self.head(h)  # (B, T, V)
         loss = None
         if targets is not None:

@@ -454,8 +454,9 @@ def glue_metrics(
 class SequenceClassifier(EffiModel):
     """A GLUE head on any encoder whose forward returns ``ModelOutput.hidden`` (B, T, D), e.g. the
     dense :class:`~effiformer.models.Transformer` with ``causal=False``: hidden[:, 0] ([CLS]) ->
-    :class:`~effiformer.layers.heads.SequenceClassificationHead`. The encoder's own output head
-    (its tied MLM head) still runs and is ignored.
+    :class:`~effiformer.layers.heads.SequenceClassificationHead`. Encoders with an ``encode``
+    method (the dense Transformer) skip their own output head (the tied MLM head); others run it
+    and it is ignored.
 
     forward(input_ids (B, T), *, labels (B,) | None, attention_mask (B, T) | None,
     token_type_ids: ignored, the dense encoder has no segment embedding)
@@ -486,7 +487,11 @@ class SequenceClassifier(EffiModel):
         attention_mask: Tensor | None = None,
         token_type_ids: Tensor | None = None,
     ) -> ModelOutput:
-        h = self.encoder(input_ids, attention_mask=attention_mask).hidden  # (B, T, D)
+        encode = getattr(self.encoder, "encode", None)
+        if encode is not None:
+            h = encode(input_ids, attention_mask=attention_mask)  # (B, T, D), no MLM head
+        else:
+            h = self.encoder(input_ids, attention_mask=attention_mask).hidden  # (B, T, D)
         logits = self.head(h)  # (B, n_labels)
         loss = None if labels is None else sequence_classification_loss(logits, labels)
         return ModelOutput(logits=logits, loss=loss, hidden=h)
