@@ -88,6 +88,16 @@ def _steps_per_budget(name: str, over: dict, task: LMTask, budget: float, seed: 
     return max(20, int(0.95 * budget / min(times)))
 
 
+def _model_lr(args: argparse.Namespace, name: str) -> float:
+    for item in args.model_lr:
+        model, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--model-lr takes MODEL=LR items, got {item!r}")
+        if model == name:
+            return float(value)
+    return args.lr
+
+
 def run_one(args: argparse.Namespace, corpus_name: str, corpus, name: str, out: Path) -> dict:
     over = _overrides(name, corpus.vocab.size, args.seq_len, args.dropout, args.set)
     task = LMTask(
@@ -106,7 +116,7 @@ def run_one(args: argparse.Namespace, corpus_name: str, corpus, name: str, out: 
     model = create_model(name, **over)
     config = TrainConfig(
         steps=steps,
-        lr=args.lr,
+        lr=_model_lr(args, name),
         warmup=min(args.warmup, steps // 10),
         time_budget=None if args.steps else args.time_budget,
         eval_every=None,
@@ -131,6 +141,7 @@ def run_one(args: argparse.Namespace, corpus_name: str, corpus, name: str, out: 
         "overrides": over,
         "params": sum(p.numel() for p in model.parameters()),
         "batch": args.batch,
+        "lr": _model_lr(args, name),
         "seq_len": args.seq_len,
         "schedule_steps": steps,
         "steps": history.step,
@@ -173,6 +184,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-mem", type=int, default=256, help="longer evaluation memory")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument(
+        "--model-lr",
+        nargs="*",
+        default=[],
+        metavar="MODEL=LR",
+        help="per-model learning rate overriding --lr, e.g. xl-small=1e-3 (each model at its own "
+        "best rate from a sweep)",
+    )
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--clip", type=float, default=0.25, help="grad-norm clip (XL scripts: 0.25)")
     p.add_argument("--dropout", type=float, default=0.0, help="short runs see < 1 epoch")
