@@ -207,10 +207,12 @@ class RelativeXLAttention(nn.Module):
         q = self._heads(self.q_proj(x))  # (B, H, Tq, Dh)
         k = self._heads(self.k_proj(src))  # (B, H, Tk, Dh)
         val = self._heads(self.v_proj(src))  # (B, H, Tk, Dh)
-        r = self.r_proj(positions.r).view(tk, self.n_heads, self.head_dim)  # (Tk, H, Dh)
-        r = r.transpose(0, 1)  # (H, Tk, Dh)
+        # W_R R scaled by 1/sqrt(Dh) here, on the small (Tk, H*Dh) table, rather than on the
+        # (B, H, Tq, Tk) scores.
+        r = self.r_proj(positions.r) * self.head_dim**-0.5
+        r = r.view(tk, self.n_heads, self.head_dim).transpose(0, 1)  # (H, Tk, Dh)
         bd = (q + v[None, :, None, :]) @ r.transpose(-1, -2)  # (B, H, Tq, Tk) over R rows
-        bd = rel_shift(bd)  # (B, H, Tq, Tk) over keys
+        bd = rel_shift(bd)  # (B, H, Tq, Tk) over keys, scaled
         keep = relative_keep_mask(
             tq,
             tk,
@@ -218,7 +220,7 @@ class RelativeXLAttention(nn.Module):
             key_padding=mask.key_padding,
             device=x.device,
         )
-        bias = (bd * self.head_dim**-0.5).masked_fill(~keep, float("-inf"))
+        bias = bd.masked_fill(~keep, float("-inf"))
         return q + u[None, :, None, :], k, val, bias
 
     def forward(
