@@ -21,6 +21,7 @@ ratios against the comparison row.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -41,7 +42,10 @@ def funnel_encoder(spec: CellSpec) -> Workload:
     """effiformer's Funnel encoder only (the model for sequence-level tasks): sum of its output."""
     from effiformer.models.funnel import FunnelModel
 
-    model = FunnelModel(spec.config, decoder=False).to(spec.device, spec.dtype).train()
+    # No dropout, as the dense row: the same work on both sides (attention dropout would also
+    # take a dense SDPA off its fused CPU kernel).
+    config = dataclasses.replace(spec.config, dropout=0.0, attn_dropout=0.0)
+    model = FunnelModel(config, decoder=False).to(spec.device, spec.dtype).train()
     ids = _ids(spec)
     return Workload(forward=lambda: model(ids).hidden.float().square().mean(), module=model)
 
