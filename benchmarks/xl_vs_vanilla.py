@@ -8,7 +8,8 @@ carries a memory of ``T`` states per layer, ``compressive-small`` a memory of ``
 compressed memory of ``T/2`` slots at rate 4 (the same attention length as XL, a longer reach).
 Widths can be shrunk for every model alike with ``--set``. After training, XL and Compressive are evaluated again with a
 longer memory (``--eval-mem``, :func:`effiformer.models.transformer_xl.reconfigure`, same
-weights), which should lower bpc / perplexity further.
+weights), which should lower bpc / perplexity further; once as is and once with ``clamp_len`` at the
+longest distance seen in training, the paper's evaluation recipe.
 
 Writes JSON lines (environment first, one record per run) to ``OUT/results.jsonl`` and prints a
 table. Every model gets ``--time-budget`` seconds of training per corpus, or, with ``--steps``,
