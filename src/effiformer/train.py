@@ -653,7 +653,13 @@ def train(model: nn.Module, task: Any, config: TrainConfig | None = None) -> Tra
             raise TypeError(f"task must implement effiformer.tasks.Task; it lacks {attr}()")
     d = _init_distributed(config.device)
     try:
-        return _train(model, task, config, d)
+        history = _train(model, task, config, d)
+        if d.owns_group:
+            # Every rank is done (rank 0 writes the last checkpoint after the others have sent
+            # their part) before any tears the group down: a rank that destroyed its gloo group
+            # while rank 0 was still writing was seen to abort at exit.
+            dist.barrier()
+        return history
     finally:
         if d.owns_group:
             dist.destroy_process_group()
