@@ -9,7 +9,9 @@ from effiformer.attention import AttentionMask, DenseAttention
 from effiformer.attention.funnel_relative import (
     FunnelPositions,
     FunnelRelativeAttention,
+    _Buffers,
     _FunnelCore,
+    _keep_mask,
     rel_sinusoid,
     relative_distances,
 )
@@ -241,6 +243,29 @@ def test_core_gradcheck_with_dropout_mask():
         ),
         (qu, kv),
     )
+
+
+def test_dropout_mask_keeps_one_minus_p_and_the_core_applies_it():
+    """The packed-bits keep mask: P(keep) = 1 - p (4M draws: within 5 standard errors), the same
+    seed gives the same mask, and the core's output is exactly softmax * mask / (1 - p) @ v with
+    the mask the core draws for its one chunk."""
+    for p in (0.1, 0.5):
+        keep = _keep_mask(torch.Generator().manual_seed(7), (4, 1000, 1000), p, _Buffers("cpu"))
+        assert keep.dtype == torch.bool and keep.shape == (4, 1000, 1000)
+        frac = keep.double().mean().item()
+        assert abs(frac - (1 - p)) < 5 * (p * (1 - p) / 4e6) ** 0.5, (p, frac)
+    m1 = _keep_mask(torch.Generator().manual_seed(3), (2, 5, 7), 0.3, _Buffers("cpu")).clone()
+    m2 = _keep_mask(torch.Generator().manual_seed(3), (2, 5, 7), 0.3, _Buffers("cpu"))
+    assert torch.equal(m1, m2) and 0 < m1.sum() < m1.numel()
+    b, h, tq, tk, dh = 1, 2, 5, 7, 3
+    torch.manual_seed(0)
+    qu, k, v = (torch.randn(b, h, n, dh, dtype=F64) for n in (tq, tk, tk))
+    none6 = (None,) * 6
+    out = _FunnelCore.apply(qu, k, v, *none6, False, 1, 0.3, 99)
+    keep = _keep_mask(torch.Generator().manual_seed(99), (b * h, tq, tk), 0.3, _Buffers("cpu"))
+    probs = torch.softmax(qu @ k.transpose(-1, -2), -1) * keep.view(b, h, tq, tk) / 0.7
+    assert_close(out, probs @ v, rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(out, torch.softmax(qu @ k.transpose(-1, -2), -1) @ v)
 
 
 def test_core_matches_softmax_reference_with_every_term():
