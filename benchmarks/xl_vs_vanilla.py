@@ -39,7 +39,7 @@ from effiformer.config import parse_overrides
 from effiformer.data import load_corpus
 from effiformer.models.transformer_xl import reconfigure
 from effiformer.tasks import LMTask
-from effiformer.train import TrainConfig, train
+from effiformer.train import TrainConfig, clip_gradients, train
 
 # ../shared/data beside the checkout; EFFIFORMER_DATA overrides.
 DATA = Path(
@@ -96,7 +96,7 @@ def _steps_per_budget(
             out = task.forward(model, batch, state)
         out.total_loss.backward()
         if clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            clip_gradients(model, clip)
         opt.step()
         opt.zero_grad()
         state = out.state

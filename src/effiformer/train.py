@@ -7,7 +7,8 @@
 * Step: the global batch of ``task.batch_size`` rows is split across DDP ranks, then into
   ``grad_accum`` equal micro-batches; each micro-batch differentiates
   ``out.total_loss / grad_accum`` (task loss plus aux losses), so accumulation changes memory use,
-  not the result. Then gradient clipping (global norm), the optimiser and scheduler steps, and
+  not the result. Then gradient clipping (global norm; parameters trained only by an aux loss,
+  ``model.aux_parameters()``, are clipped as a group of their own, :func:`clip_gradients`), the optimiser and scheduler steps, and
   ``model.apply_updates(out.updates)`` (no-grad buffer updates, averaged over micro-batches and
   ranks; a deliberate simplification for online k-means under data parallelism).
 * Recurrent state (``model.init_state(rows)`` is not ``None``): carried across steps per
@@ -75,6 +76,7 @@ __all__ = [
     "TrainHistory",
     "train",
     "lr_factor",
+    "clip_gradients",
     "resolve_checkpoint",
     "verify_checkpoint",
     "load_checkpoint",
@@ -176,6 +178,25 @@ class TrainConfig:
 def _check_int(name: str, value: Any, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def clip_gradients(model: nn.Module, clip: float) -> tuple[float, float | None]:
+    """Clip gradients to global norm ``clip``; returns (norm, aux norm) before clipping.
+
+    Parameters the model trains only by auxiliary losses (``model.aux_parameters()``, e.g. the
+    Compressive Transformer's compression networks) form a group clipped on its own, as if it had
+    its own optimiser: the two gradients never meet in one loss, and one global norm would let an
+    auxiliary gradient 1000x larger scale the task gradient down by that factor. The aux norm is
+    ``None`` for models without such parameters.
+    """
+    aux_params = getattr(model, "aux_parameters", None)
+    aux = [p for p in aux_params() if p.requires_grad] if callable(aux_params) else []
+    ids = {id(p) for p in aux}
+    main = [p for p in model.parameters() if id(p) not in ids]
+    norm = float(torch.nn.utils.clip_grad_norm_(main, clip))
+    if not aux:
+        return norm, None
+    return norm, float(torch.nn.utils.clip_grad_norm_(aux, clip))
 
 
 def lr_factor(step: int, *, warmup: int, total: int, min_lr_ratio: float) -> float:
@@ -792,9 +813,9 @@ def _train(model: nn.Module, task: Any, config: TrainConfig, d: _Dist) -> TrainH
                 aux_sum += (total - out.loss).detach().double()
                 if out.updates:
                     updates.append(out.updates)
-            grad_norm = None
+            grad_norm = aux_norm = None
             if config.clip is not None:
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(module.parameters(), config.clip))
+                grad_norm, aux_norm = clip_gradients(module, config.clip)
             optimizer.step()
             scheduler.step()
             if apply_updates is not None:
@@ -820,6 +841,8 @@ def _train(model: nn.Module, task: Any, config: TrainConfig, d: _Dist) -> TrainH
                 record["total_loss"] = loss + aux
             if grad_norm is not None:
                 record["grad_norm"] = grad_norm
+            if aux_norm is not None:
+                record["aux_grad_norm"] = aux_norm
             history.train.append(record)
             if step % config.log_every == 0:
                 metrics.write(record)

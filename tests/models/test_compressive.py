@@ -184,6 +184,40 @@ def test_gradient_isolation_reconstruction_loss_trains_only_f_c():
             assert p.grad is None, name
 
 
+def test_trainer_clips_task_and_reconstruction_gradients_as_separate_groups():
+    """One backward of total_loss, then clip_gradients: the task parameters are clipped by their
+    own norm and f_c by its own (full tensors), so the reconstruction gradient (100-1000x the task
+    gradient in real runs: d 128, T 128) cannot shrink the task gradient as one global norm
+    would."""
+    from effiformer.train import clip_gradients
+
+    m = _model(compression="conv", seq_len=4).train()
+    assert {id(p) for p in m.aux_parameters()} == {id(p) for p in m.compressors.parameters()}
+    out1 = m(_ids(2, 4), targets=_ids(2, 4, seed=1))
+    out2 = m(_ids(2, 4, seed=2), targets=_ids(2, 4, seed=3), state=out1.state)
+    out2.total_loss.backward()
+    aux_ids = {id(p) for p in m.aux_parameters()}
+    task = [p for p in m.parameters() if id(p) not in aux_ids]
+    aux = m.aux_parameters()
+    norm = lambda ps: torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in ps]))  # noqa: E731
+    n_task, n_aux = norm(task), norm(aux)
+    assert n_aux > 0 and n_task > 0.01
+    before = {id(p): p.grad.clone() for p in m.parameters()}
+    got_task, got_aux = clip_gradients(m, 0.01)
+    assert got_task == pytest.approx(n_task.item()) and got_aux == pytest.approx(n_aux.item())
+    for ps, n in ((task, n_task), (aux, n_aux)):
+        scale = min(1.0, 0.01 / (n.item() + 1e-6))
+        for p in ps:
+            assert_close(p.grad, before[id(p)] * scale)
+    # a global norm would have scaled the task gradient by 0.01 / ||(task, aux)|| instead
+    joint = 0.01 / torch.sqrt(n_task**2 + n_aux**2)
+    assert joint < 0.9 * min(1.0, 0.01 / n_task.item())
+    # models without auxiliary-only parameters: one group, no aux norm
+    xl = TransformerXL(XLConfig(dim=D, n_heads=2, n_layers=1, ffn_dim=64, seq_len=4, mem_len=4))
+    xl(_ids(1, 4), targets=_ids(1, 4, seed=1)).loss.backward()
+    assert clip_gradients(xl, 1.0)[1] is None
+
+
 def test_every_parameter_keeps_training_after_several_steps():
     """The lucidrains trap: an in-place detach_ froze key/value weights after the first step."""
     m = _model(compression="dilated_conv", seq_len=4).train()

@@ -112,5 +112,12 @@ class EffiModel(nn.Module):
                 raise KeyError(f"update for unknown buffer {name!r}")
             buffers[name].copy_(value)
 
+    def aux_parameters(self) -> list[nn.Parameter]:
+        """Parameters trained only by auxiliary losses (``ModelOutput.aux``) and never by the task
+        loss, e.g. the Compressive Transformer's compression networks. The trainer clips their
+        gradient norm as a group of its own (:func:`effiformer.train.clip_gradients`), as if
+        they had their own optimiser. Default: none."""
+        return []
+
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -31,7 +31,11 @@ post-LN by default, adaptive input/softmax options):
   ``old_mem`` and those weights are stop-gradiented, so this loss trains f_c alone. The compressed
   memory enters later segments only through the detached state, so the task loss never reaches
   f_c. A trainer therefore adds ``aux`` to the task loss and does one backward (``total_loss``);
-  no weighting coefficient. The loss is computed only when gradients are enabled and f_c has
+  no weighting coefficient. The two losses train disjoint parameters and their gradients differ
+  in scale by 100-1000x (the reconstruction loss is an unnormalised norm), so the trainer clips
+  f_c's gradients (:meth:`aux_parameters`) separately from the rest, as two optimisers would;
+  clipped as one group, the reconstruction gradient would shrink the task gradient by that factor
+  and the model would hardly learn. The loss is computed only when gradients are enabled and f_c has
   parameters (``conv``, ``dilated_conv``). With ``norm_first`` the attention inputs are the
   layer's (stop-gradient) LayerNorm of ``h`` and of the memories, which is what that layer's
   attention really sees.
@@ -122,6 +126,10 @@ class CompressiveTransformer(TransformerXL):
         self.compressors = nn.ModuleList(
             build_compression(c.compression, c.dim, c.compression_rate) for _ in range(c.n_layers)
         )
+
+    def aux_parameters(self) -> list[nn.Parameter]:
+        """The compression networks f_c: trained by the attention-reconstruction loss only."""
+        return list(self.compressors.parameters())
 
     def init_state(self, batch_size: int, device: torch.device | str | None = None) -> Any:
         """Zero-filled FIFO queues: per layer ((B, n_m, D), (B, n_cm, D))."""
