@@ -54,3 +54,18 @@ def test_xl_vs_vanilla_records_longer_memory_evaluations_and_saves_models(tmp_pa
     task = LMTask(corpus, batch_size=2, seq_len=16, eval_batch_size=2, eval_tokens=200)
     saved = load_model(records["xl-small"]["saved"])
     assert abs(task.evaluate(saved, "valid")["bpc"] - records["xl-small"]["val"]) < 1e-9
+
+
+def test_funnel_flops_counts_the_dense_encoder_exactly():
+    """The FLOP counter sees every matmul of the dense row, SDPA's CPU kernels included (they
+    have no formula in PyTorch): 18 layers x (3 x projections and FFN + 3.5 x attention), plus the
+    tied LM head's forward (its logits are computed but not in the loss)."""
+    funnel_flops = _script("funnel_flops")
+    torch.manual_seed(0)
+    r = funnel_flops.encoder_pair(64, 32, 1)
+    b, t, d, f, n_layers, vocab = 1, 32, 64, 256, 18, 1000
+    linear = 2 * b * t * (4 * d * d + 2 * d * f)
+    attention = 4 * b * t * t * d
+    dense = n_layers * (3 * linear + 3.5 * attention) + 2 * b * t * d * vocab
+    assert r["dense_gflop"] * 1e9 == dense
+    assert 0.5 < r["ratio"] < 0.7  # pooling halves the length twice; relative attention costs more
