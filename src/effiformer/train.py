@@ -8,9 +8,10 @@
   ``grad_accum`` equal micro-batches; each micro-batch differentiates
   ``out.total_loss / grad_accum`` (task loss plus aux losses), so accumulation changes memory use,
   not the result. Then gradient clipping (global norm; parameters trained only by an aux loss,
-  ``model.aux_parameters()``, are clipped as a group of their own, :func:`clip_gradients`), the optimiser and scheduler steps, and
-  ``model.apply_updates(out.updates)`` (no-grad buffer updates, averaged over micro-batches and
-  ranks; a deliberate simplification for online k-means under data parallelism).
+  ``model.aux_parameters()``, are clipped as a group of their own, :func:`clip_gradients`), the
+  optimiser and scheduler steps, and ``model.apply_updates(out.updates)`` (no-grad buffer
+  updates, averaged over micro-batches and ranks; a deliberate simplification for online k-means
+  under data parallelism).
 * Recurrent state (``model.init_state(rows)`` is not ``None``): carried across steps per
   micro-batch slot, detached, restarted when the task starts new streams.
 * bf16 autocast: on by default on CUDA devices with bf16, off on CPU (``bf16=True`` forces it).
