@@ -75,8 +75,10 @@ def test_builds_runs_and_round_trips(name, tmp_path):
     if out.logits is not None:
         assert out.logits.shape[:2] == x.shape
     out.total_loss.backward()
-    grads = [p.grad for p in model.parameters() if p.requires_grad]
-    assert sum(g is not None and bool(torch.isfinite(g).all()) for g in grads) > 0.5 * len(grads)
+    for pname, p in model.named_parameters():
+        if p.requires_grad:
+            assert p.grad is not None, f"{name}: {pname} got no gradient"
+            assert torch.isfinite(p.grad).all(), f"{name}: {pname} has a non-finite gradient"
 
     save_model(model, tmp_path / "ck", name=name)
     loaded = load_model(tmp_path / "ck")

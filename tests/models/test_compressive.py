@@ -152,7 +152,7 @@ def test_most_used_keeps_the_slots_the_layer_attended_to_most():
     new = m(ids, state=state).state
     x = captured["x"]
     kv = torch.cat([cmem, mem, x], 1)
-    pos = m._positions(kv.shape[1], x)
+    pos = m.relative_positions(kv.shape[1], x, layer=1)
     from effiformer.attention import AttentionMask
 
     probs = blk.attn.attention_probs(x, kv=kv, mask=AttentionMask(causal=True), positions=pos)
@@ -167,7 +167,9 @@ def test_gradient_isolation_reconstruction_loss_trains_only_f_c():
     assert comp_params
     out1 = m(_ids(2, 4), targets=_ids(2, 4, seed=1))
     out2 = m(_ids(2, 4, seed=2), targets=_ids(2, 4, seed=3), state=out1.state)
-    recon = out2.aux["attn_reconstruction"]
+    names = sorted(out2.aux)
+    assert names == ["blocks.0.attn_reconstruction", "blocks.1.attn_reconstruction"]
+    recon = sum(out2.aux.values())
     assert recon.dim() == 0 and recon.item() > 0
     out2.loss.backward(retain_graph=True)
     for name, p in m.named_parameters():

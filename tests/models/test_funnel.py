@@ -161,7 +161,7 @@ def test_shared_repeats_have_the_parameters_of_the_distinct_layers():
 def test_factorized_model_equals_relative_shift_model_and_max_pooling_differs():
     torch.manual_seed(0)
     rs = FunnelForMaskedLM(_cfg()).to(torch.float64).eval()
-    fa = FunnelForMaskedLM(_cfg(attention_type="factorized")).to(torch.float64).eval()
+    fa = FunnelForMaskedLM(_cfg(attention={"kind": "factorized"})).to(torch.float64).eval()
     fa.load_state_dict(rs.state_dict())
     ids = _ids(2, 19)
     tt = torch.zeros_like(ids)
@@ -263,8 +263,8 @@ def test_config_validation_and_input_errors():
         _cfg(causal=True)
     with pytest.raises(ConfigError, match="block_repeats"):
         _cfg(block_repeats=(1, 2))
-    with pytest.raises(ConfigError, match="attention_type"):
-        _cfg(attention_type="rel")
+    with pytest.raises(ConfigError, match="attention.kind"):
+        _cfg(attention={"kind": "rel"})
     assert _cfg(block_sizes=(2, 3), n_layers=99).n_layers == 5  # derived
     model = create_model("funnel-tiny")
     ids = _ids(1, 8)

@@ -99,7 +99,7 @@ def test_mem_len_zero_ignores_the_previous_segment():
 def test_clamp_len_shares_one_encoding_beyond_the_clamp():
     m = _model(clamp_len=3)
     x = torch.zeros(1, 1, 32, dtype=torch.float64)
-    r = m._positions(8, x).r  # rows: distances 7..0
+    r = m.relative_positions(8, x).r  # rows: distances 7..0
     for row in range(0, 5):  # distances 7, 6, 5, 4, 3
         assert_close(r[row], r[4])
     assert not torch.allclose(r[5], r[4])  # distance 2 differs
@@ -112,7 +112,9 @@ def test_clamp_len_shares_one_encoding_beyond_the_clamp():
 
 def test_same_length_every_query_sees_mem_len_plus_one_keys():
     m = _model(same_length=True, mem_len=4)
-    keep = relative_keep_mask(6, 10, max_distance=m._positions(10, torch.zeros(1)).max_distance)
+    keep = relative_keep_mask(
+        6, 10, max_distance=m.relative_positions(10, torch.zeros(1)).max_distance
+    )
     assert keep[0, 0].sum(-1).tolist() == [5] * 6
     # model-level: a memory slot outside a query's window does not affect that query
     ids = _ids(1, 6)

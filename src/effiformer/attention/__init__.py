@@ -1,6 +1,35 @@
-"""Attention mechanisms, one file each, all behind the interface in :mod:`.base`."""
+"""Attention mechanisms, one file each, all behind the interface in :mod:`.base`.
 
-from .base import AttentionMask, AttentionOutput, dense_bool_mask
-from .dense import DenseAttention, sdpa
+Each mechanism file registers itself (:func:`~effiformer.attention.registry.register_attention`)
+when imported from the explicit list below.
+"""
 
-__all__ = ["AttentionMask", "AttentionOutput", "DenseAttention", "dense_bool_mask", "sdpa"]
+from . import dense, funnel_relative, relative_xl  # noqa: F401  (registration, in this order)
+from .base import (
+    AttentionConfig,
+    AttentionDims,
+    AttentionMask,
+    AttentionOutput,
+    AttentionPart,
+    PrepareContext,
+    dense_bool_mask,
+)
+from .dense import DenseAttention, DenseConfig, sdpa
+from .registry import build_attention, get_attention, list_attentions, register_attention
+
+__all__ = [
+    "AttentionConfig",
+    "AttentionDims",
+    "AttentionMask",
+    "AttentionOutput",
+    "AttentionPart",
+    "DenseAttention",
+    "DenseConfig",
+    "PrepareContext",
+    "build_attention",
+    "dense_bool_mask",
+    "get_attention",
+    "list_attentions",
+    "register_attention",
+    "sdpa",
+]

@@ -19,17 +19,49 @@ An attention module is an ``nn.Module`` whose ``forward`` has this signature::
 It returns :class:`AttentionOutput`: the output (B, Tq, D), the new state, auxiliary losses by
 name (added to the task loss by the trainer), and ``updates`` — tensors computed under
 ``no_grad`` that the trainer writes into buffers after the optimiser step (Routing's k-means).
+
+Registered parts (:mod:`effiformer.attention.registry`) subclass :class:`AttentionPart`:
+
+- built by ``cls.from_config(config, dims)`` from their frozen
+  :class:`~effiformer.config.AttentionConfig` and the model's :class:`AttentionDims`;
+- ``prepare(ctx, shared)`` runs **once per model forward** for every group of layers with the
+  same ``prepare_key()`` (by default: same class and config) and the same query/key lengths;
+  its result reaches every layer of the group as ``positions``. It holds what layers share and
+  what is drawn at random for the forward: block masks, relative-position tables, hash
+  rotations. ``shared`` is the group's module from ``cls.build_shared(config, dims)`` (parameters
+  shared by the layers, e.g. Transformer-XL's tied u/v), or ``None``.
+
+**Determinism contract.** A layer's forward is a function of its inputs (``x``, ``kv``,
+``mask``, ``state``, ``positions``), its parameters and the torch RNG state at the call (dropout)
+-- nothing else: no module attribute set by an earlier call, no hidden counter. Randomness that
+must stay fixed across a forward and its recomputation (LSH rotations) is drawn in ``prepare``,
+from ``ctx.generator`` when one is given, and travels in ``positions``. So a reversible or
+checkpointed stack that restores the RNG state and passes the same prepared inputs re-runs a
+layer exactly. ``updates`` computed during a recomputation are discarded by the stack.
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-__all__ = ["AttentionMask", "AttentionOutput", "check_attention_inputs", "dense_bool_mask"]
+from ..config import AttentionConfig
+
+__all__ = [
+    "AttentionConfig",
+    "AttentionDims",
+    "AttentionMask",
+    "AttentionOutput",
+    "AttentionPart",
+    "PrepareContext",
+    "check_attention_inputs",
+    "dense_bool_mask",
+    "reference_attention",
+]
 
 
 @dataclass(frozen=True)
@@ -110,3 +142,151 @@ def check_attention_inputs(
             )
     if mask is not None and mask.causal and tk < x.shape[1]:
         raise ValueError(f"causal attention needs Tk >= Tq, got Tq={x.shape[1]}, Tk={tk}")
+
+
+@dataclass(frozen=True)
+class AttentionDims:
+    """What the model tells a mechanism when it builds one layer's attention.
+
+    dim: model width D; n_heads: H; head_dim: Dh; causal: whether the model is causal (the part
+    refuses a mode it does not support); dropout: attention-weight dropout (``attn_dropout``);
+    residual_dropout: the model's ``dropout`` (Transformer-XL applies it to R, Funnel to its
+    sinusoids); layer / n_layers: this layer's index and the depth (patterns that vary by layer);
+    max_len: the longest sequence a forward accepts (``seq_len``).
+    """
+
+    dim: int
+    n_heads: int
+    head_dim: int
+    causal: bool
+    dropout: float = 0.0
+    residual_dropout: float = 0.0
+    layer: int = 0
+    n_layers: int = 1
+    max_len: int | None = None
+
+    @property
+    def inner_dim(self) -> int:
+        return self.n_heads * self.head_dim
+
+
+@dataclass
+class PrepareContext:
+    """What ``prepare`` sees: one model forward's shapes, mask and randomness.
+
+    tq / tk: query and key lengths; mask: the forward's :class:`AttentionMask`; device / dtype:
+    of the hidden states; training: the model's mode; memory_len: the memory a query may reach
+    beyond the current segment as configured (0 without memory; Transformer-XL's ``same_length``
+    window); q_positions (Tq,) / k_positions (Tk,): absolute positions of the queries and keys
+    (``None``: keys ``0 .. Tk-1`` and queries aligned to the last ``Tq`` of them); generator: an
+    explicit ``torch.Generator`` for stochastic preparation (``None``: the global RNG); extra:
+    model-specific structure a family's own attention reads (Funnel: token types, [CLS]);
+    scratch: a dict shared by every ``prepare`` call of one model forward (a table drawn once
+    and indexed by several groups).
+    """
+
+    tq: int
+    tk: int
+    mask: AttentionMask
+    device: torch.device
+    dtype: torch.dtype
+    training: bool = False
+    memory_len: int = 0
+    q_positions: Tensor | None = None
+    k_positions: Tensor | None = None
+    generator: torch.Generator | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    scratch: dict[Any, Any] = field(default_factory=dict)
+
+    def query_positions(self) -> Tensor:
+        if self.q_positions is not None:
+            return self.q_positions
+        return torch.arange(self.tk - self.tq, self.tk, device=self.device)
+
+    def key_positions(self) -> Tensor:
+        if self.k_positions is not None:
+            return self.k_positions
+        return torch.arange(self.tk, device=self.device)
+
+
+def reference_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None = None) -> Tensor:
+    """Plain matmul-softmax attention: (B,H,Tq,Dh),(B,H,Tk,Dh) -> (B,H,Tq,Dh); ``keep`` a boolean
+    keep-mask broadcastable to (B, H, Tq, Tk)."""
+    scores = q @ k.transpose(-1, -2) / (q.shape[-1] ** 0.5)
+    if keep is not None:
+        scores = scores.masked_fill(~keep, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+class AttentionPart(nn.Module):
+    """Base class of registered attention mechanisms (see the module docstring).
+
+    Subclasses implement ``forward`` (the interface above) and, where they need them,
+    ``from_config``, ``build_shared``, ``prepare``, ``memory_len``; the testing hooks
+    (``example_config``, ``degenerate_config``, ``make_dense_equivalent_``, ``dense_reference``)
+    let the registry-wide contract test (``tests/attention/test_contract.py``) run each mechanism
+    at a size that exercises it and check it against dense attention at its degenerate limit.
+    """
+
+    config: AttentionConfig
+    dims: AttentionDims
+
+    @classmethod
+    def from_config(cls, config: AttentionConfig, dims: AttentionDims) -> AttentionPart:
+        module = cls(config, dims)  # type: ignore[call-arg]
+        module.config, module.dims = config, dims
+        return module
+
+    @classmethod
+    def build_shared(cls, config: AttentionConfig, dims: AttentionDims) -> nn.Module | None:
+        """A module shared by every layer of a group (its parameters trained once), or None."""
+        return None
+
+    def prepare_key(self) -> Hashable:
+        """Layers with equal keys share one ``prepare`` result and one shared module."""
+        return (type(self), self.config)
+
+    def prepare(self, ctx: PrepareContext, shared: nn.Module | None) -> Any:
+        """Computed once per forward for this layer's group; handed to ``forward`` as
+        ``positions``. Default: nothing to prepare."""
+        return None
+
+    def memory_len(self, configured: int) -> int:
+        """How many past states this layer's memory keeps, given the model's configured
+        ``mem_len`` (Adaptive Span keeps only what its current span can reach)."""
+        return configured
+
+    # ---- testing hooks ------------------------------------------------------------------
+
+    @classmethod
+    def example_config(cls, config: AttentionConfig, seq_len: int) -> AttentionConfig:
+        """A config of this mechanism that really exercises it on sequences of ``seq_len``
+        (windows, chunks and buckets smaller than the sequence): what the contract test runs.
+        Default: ``config`` (the registered defaults)."""
+        return config
+
+    @classmethod
+    def degenerate_config(cls, config: AttentionConfig, seq_len: int) -> AttentionConfig:
+        """A config of this mechanism that computes dense attention on sequences of
+        ``seq_len`` (one bucket, one cluster, window >= length, ...)."""
+        return config
+
+    def make_dense_equivalent_(self) -> None:
+        """Set parameters so that the degenerate config equals dense attention (e.g. zero a
+        relative-position projection). Default: nothing to set."""
+
+    def dense_reference(
+        self, x: Tensor, *, kv: Tensor | None = None, mask: AttentionMask | None = None
+    ) -> Tensor:
+        """Dense softmax attention with this module's own projections (``q_proj``, ``k_proj``,
+        ``v_proj``, ``o_proj``): what the degenerate configuration must equal. (B, Tq, D)."""
+        src = x if kv is None else kv
+        h, dh = self.dims.n_heads, self.dims.head_dim
+
+        def heads(t: Tensor) -> Tensor:
+            return t.view(t.shape[0], t.shape[1], h, dh).transpose(1, 2)  # (B, H, T, Dh)
+
+        q, k, v = heads(self.q_proj(x)), heads(self.k_proj(src)), heads(self.v_proj(src))
+        keep = None if mask is None else mask.to_bool(x.shape[1], src.shape[1], device=x.device)
+        o = reference_attention(q, k, v, keep)  # (B, H, Tq, Dh)
+        return self.o_proj(o.transpose(1, 2).reshape(x.shape[0], x.shape[1], h * dh))

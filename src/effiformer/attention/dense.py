@@ -6,13 +6,32 @@ Vaswani et al. 2017 (arXiv 1706.03762), eq. 1: softmax(Q K^T / sqrt(d_head)) V, 
 
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import AttentionMask, AttentionOutput, check_attention_inputs
+from ..config import AttentionConfig
+from .base import (
+    AttentionDims,
+    AttentionMask,
+    AttentionOutput,
+    AttentionPart,
+    check_attention_inputs,
+    reference_attention,
+)
+from .registry import register_attention
 
-__all__ = ["DenseAttention", "sdpa"]
+__all__ = ["DenseConfig", "DenseAttention", "sdpa", "reference_attention"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DenseConfig(AttentionConfig):
+    """Dense multi-head attention. ``bias``: biases on the Q, K, V, O projections."""
+
+    name = "dense"
+
+    bias: bool = True
 
 
 def sdpa(
@@ -28,7 +47,7 @@ def sdpa(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout_p)
 
 
-class DenseAttention(nn.Module):
+class DenseAttention(AttentionPart):
     """Multi-head attention with separate Q, K, V, O projections.
 
     Args:
@@ -50,6 +69,14 @@ class DenseAttention(nn.Module):
         self.v_proj = nn.Linear(dim, inner, bias=bias)
         self.o_proj = nn.Linear(inner, dim, bias=bias)
         self.dropout = dropout
+        self.config = DenseConfig(bias=bias)
+        self.dims = AttentionDims(dim, n_heads, head_dim, causal=False, dropout=dropout)
+
+    @classmethod
+    def from_config(cls, config: DenseConfig, dims: AttentionDims) -> DenseAttention:
+        m = cls(dims.dim, dims.n_heads, dims.head_dim, dropout=dims.dropout, bias=config.bias)
+        m.config, m.dims = config, dims
+        return m
 
     def _heads(self, t: Tensor) -> Tensor:
         b, n, _ = t.shape
@@ -80,9 +107,9 @@ class DenseAttention(nn.Module):
         return AttentionOutput(out=self.o_proj(o))
 
 
-def reference_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None = None) -> Tensor:
-    """Plain matmul-softmax attention (for tests): (B,H,Tq,Dh),(B,H,Tk,Dh) -> (B,H,Tq,Dh)."""
-    scores = q @ k.transpose(-1, -2) / (q.shape[-1] ** 0.5)
-    if keep is not None:
-        scores = scores.masked_fill(~keep, float("-inf"))
-    return torch.softmax(scores, dim=-1) @ v
+register_attention(
+    "dense",
+    DenseConfig,
+    DenseAttention,
+    description="softmax(QK^T/sqrt(d))V on SDPA (Vaswani et al. 2017)",
+)

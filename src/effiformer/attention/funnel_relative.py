@@ -64,10 +64,20 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .base import AttentionMask, AttentionOutput, check_attention_inputs
+from ..config import AttentionConfig, ConfigError
+from .base import (
+    AttentionDims,
+    AttentionMask,
+    AttentionOutput,
+    AttentionPart,
+    PrepareContext,
+    check_attention_inputs,
+)
+from .registry import register_attention
 
 __all__ = [
     "ATTENTION_TYPES",
+    "FunnelAttentionConfig",
     "FunnelPositions",
     "FunnelRelativeAttention",
     "relative_shift",
@@ -81,6 +91,23 @@ ATTENTION_TYPES = ("relative_shift", "factorized")
 CLS_TYPE = 2
 _CHUNK = 256  # at most this many query rows per relative-shift chunk
 _MIN_CHUNK = 64  # at least this many (tq // 8 in between: little waste, few Python steps)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FunnelAttentionConfig(AttentionConfig):
+    """Funnel relative attention. ``kind``: "relative_shift" (GPU form, default) or
+    "factorized" (TPU form), the official ``attention_type``; ``init_range``: U(0, init_range)
+    for the relative-attention parameters (the official ``initializer_range``)."""
+
+    name = "funnel_relative"
+
+    kind: str = "relative_shift"
+    init_range: float = 0.1
+
+    def __post_init__(self) -> None:
+        self._check_choice("kind", ATTENTION_TYPES)
+        if not self.init_range > 0:
+            raise ConfigError(f"attention.init_range must be > 0, got {self.init_range!r}")
 
 
 def rel_sinusoid(distances: Tensor, dim: int) -> Tensor:
@@ -371,7 +398,7 @@ class _FunnelCore(torch.autograd.Function):
         )
 
 
-class FunnelRelativeAttention(nn.Module):
+class FunnelRelativeAttention(AttentionPart):
     """Funnel relative attention behind the common interface.
 
     forward(x (B, Tq, D), *, kv (B, Tk, D) | None, mask: AttentionMask | None,
@@ -404,6 +431,75 @@ class FunnelRelativeAttention(nn.Module):
         self.scale = 1.0 / math.sqrt(head_dim)
         self.init_range = init_range
         self.reset_relative_parameters()
+        self.config = FunnelAttentionConfig(init_range=init_range)
+        self.dims = AttentionDims(dim, n_heads, head_dim, causal=False, dropout=dropout)
+
+    # ------------------------------------------------------------------ registered part
+
+    @classmethod
+    def from_config(
+        cls, config: FunnelAttentionConfig, dims: AttentionDims
+    ) -> FunnelRelativeAttention:
+        m = cls(
+            dims.dim,
+            dims.n_heads,
+            dims.head_dim,
+            dropout=dims.dropout,
+            init_range=config.init_range,
+        )
+        m.config, m.dims = config, dims
+        return m
+
+    @classmethod
+    def build_shared(cls, config: FunnelAttentionConfig, dims: AttentionDims) -> nn.Module:
+        """The dropout on the sinusoids (the model's ``dropout``, drawn once per table)."""
+        return nn.Dropout(dims.residual_dropout)
+
+    def prepare(self, ctx: PrepareContext, shared: nn.Module | None) -> FunnelPositions:
+        """:class:`FunnelPositions` for queries at ``ctx.q_positions`` and keys at
+        ``ctx.k_positions``. ``ctx.extra`` may give ``shift`` (2: pooled queries over unpooled
+        keys; default 1), ``q_types`` / ``k_types`` (B, T) token type ids, ``cls_first``
+        (default False) and ``seq_len`` (the unpooled length; default Tk).
+
+        relative_shift: the sinusoids of every distance in [-2T, 2T) are drawn once per model
+        forward (one dropout draw, kept in ``ctx.scratch``) and indexed by each call's descending
+        distance table, as the official code; factorized: query-side factors carry a fresh
+        dropout draw per call."""
+        drop = shared if shared is not None else nn.Identity()
+        q_pos, k_pos = ctx.query_positions(), ctx.key_positions()
+        if ctx.q_positions is None and ctx.tq != ctx.tk:
+            raise ValueError("funnel_relative needs ctx.q_positions when Tq != Tk")
+        extra = ctx.extra
+        shift = int(extra.get("shift", 1))
+        common = {
+            "q_types": extra.get("q_types"),
+            "k_types": extra.get("k_types"),
+            "cls_first": bool(extra.get("cls_first", False)),
+        }
+        if self.config.kind == "relative_shift":
+            seq_len = int(extra.get("seq_len", ctx.tk))
+            key = ("funnel_relative.table", seq_len, self.dim, ctx.dtype, ctx.device)
+            table = ctx.scratch.get(key)
+            if table is None:
+                dist = torch.arange(-2 * seq_len, 2 * seq_len, device=ctx.device)
+                table = drop(rel_sinusoid(dist, self.dim).to(ctx.dtype))  # (4T, D)
+                ctx.scratch[key] = table
+            dist = relative_distances(q_pos, k_pos, shift) + 2 * seq_len
+            if int(dist.min()) < 0 or int(dist.max()) >= table.shape[0]:
+                raise ValueError(
+                    f"relative distances outside the sinusoid table of seq_len={seq_len}"
+                )
+            return FunnelPositions("relative_shift", rel=table[dist], shift=shift, **common)
+        sq, cq = rel_sinusoid(q_pos, self.dim).to(ctx.dtype).chunk(2, dim=-1)  # (Tq, D/2)
+        sk, ck = rel_sinusoid(k_pos, self.dim).to(ctx.dtype).chunk(2, dim=-1)  # (Tk, D/2)
+        enc = (drop(sq), drop(cq), sk, ck)  # dropout on the query side, as official
+        return FunnelPositions("factorized", enc=enc, shift=shift, **common)
+
+    def make_dense_equivalent_(self) -> None:
+        """Zero every relative parameter: the scores reduce to s q.k (content only)."""
+        with torch.no_grad():
+            for p in (self.r_w_bias, self.r_r_bias, self.r_s_bias, self.r_kernel, self.seg_embed):
+                p.zero_()
 
     def reset_relative_parameters(self) -> None:
         """U(0, init_range), the official ``nn.init.uniform_(b=0.1)``."""
@@ -616,3 +712,12 @@ class FunnelRelativeAttention(nn.Module):
         )  # (B, H, Tq, Dh), laid out as (B, Tq, H, Dh)
         o = o.transpose(1, 2).reshape(b, tq, h * self.head_dim).to(out_dtype)
         return AttentionOutput(out=self.o_proj(o))
+
+
+register_attention(
+    "funnel_relative",
+    FunnelAttentionConfig,
+    FunnelRelativeAttention,
+    modes=("bidirectional",),
+    description="Funnel-Transformer relative attention with token-type terms (Dai et al. 2020)",
+)

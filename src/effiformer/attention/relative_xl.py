@@ -51,9 +51,73 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import AttentionMask, AttentionOutput, check_attention_inputs
+from ..config import AttentionConfig, ConfigError
+from .base import (
+    AttentionDims,
+    AttentionMask,
+    AttentionOutput,
+    AttentionPart,
+    PrepareContext,
+    check_attention_inputs,
+)
+from .registry import register_attention
+from .sinusoid import sinusoid_table
 
-__all__ = ["RelativePositions", "RelativeXLAttention", "rel_shift", "relative_keep_mask"]
+__all__ = [
+    "RelativeXLConfig",
+    "RelativePositions",
+    "RelativeXLAttention",
+    "RelativeShared",
+    "rel_shift",
+    "relative_keep_mask",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RelativeXLConfig(AttentionConfig):
+    """Transformer-XL relative attention. ``untie_r``: every layer owns its u/v (otherwise the
+    layers of a model share one pair); ``clamp_len``: distances above it share one encoding;
+    ``same_length``: every query sees ``memory_len + 1`` keys (TF convention). In
+    :class:`~effiformer.models.transformer_xl.XLConfig` these three mirror the model config's
+    fields of the same names (set them there)."""
+
+    name = "relative_xl"
+
+    untie_r: bool = False
+    clamp_len: int | None = None
+    same_length: bool = False
+
+    def __post_init__(self) -> None:
+        if self.clamp_len is not None and (
+            isinstance(self.clamp_len, bool)
+            or not isinstance(self.clamp_len, int)
+            or self.clamp_len < 0
+        ):
+            raise ConfigError(
+                f"attention.clamp_len must be None or an int >= 0, got {self.clamp_len!r}"
+            )
+
+
+class RelativeShared(nn.Module):
+    """What the layers of one model share: u/v (unless ``untie_r``) and the dropout on R."""
+
+    def __init__(self, n_heads: int, head_dim: int, *, tied: bool, dropout: float) -> None:
+        super().__init__()
+        if tied:
+            self.u_bias = nn.Parameter(torch.empty(n_heads, head_dim))
+            self.v_bias = nn.Parameter(torch.empty(n_heads, head_dim))
+            nn.init.normal_(self.u_bias, std=0.02)
+            nn.init.normal_(self.v_bias, std=0.02)
+        else:
+            self.register_parameter("u_bias", None)
+            self.register_parameter("v_bias", None)
+        self.drop = nn.Dropout(dropout)
+
+    def make_dense_equivalent_(self) -> None:
+        with torch.no_grad():
+            for p in (self.u_bias, self.v_bias):
+                if p is not None:
+                    p.zero_()
 
 
 @dataclass(frozen=True)
@@ -105,7 +169,7 @@ def relative_keep_mask(
     return keep
 
 
-class RelativeXLAttention(nn.Module):
+class RelativeXLAttention(AttentionPart):
     """Relative multi-head attention (Transformer-XL eq. in sec. 3.3).
 
     Args:
@@ -145,6 +209,49 @@ class RelativeXLAttention(nn.Module):
         else:
             self.register_parameter("u_bias", None)
             self.register_parameter("v_bias", None)
+        self.config = RelativeXLConfig(untie_r=own_biases)
+        self.dims = AttentionDims(dim, n_heads, head_dim, causal=True, dropout=dropout)
+
+    # ---- registered-part interface -----------------------------------------------------------
+
+    @classmethod
+    def from_config(cls, config: RelativeXLConfig, dims: AttentionDims) -> RelativeXLAttention:
+        m = cls(
+            dims.dim, dims.n_heads, dims.head_dim, dropout=dims.dropout, own_biases=config.untie_r
+        )
+        m.config, m.dims = config, dims
+        return m
+
+    @classmethod
+    def build_shared(cls, config: RelativeXLConfig, dims: AttentionDims) -> RelativeShared:
+        return RelativeShared(
+            dims.n_heads, dims.head_dim, tied=not config.untie_r, dropout=dims.residual_dropout
+        )
+
+    def prepare(self, ctx: PrepareContext, shared: nn.Module | None) -> RelativePositions:
+        """R over the distances ``Tk-1 ... 0`` (clamped at ``clamp_len``, dropout applied once
+        for every layer), the shared u/v, and the ``same_length`` window."""
+        if not isinstance(shared, RelativeShared):
+            raise TypeError("relative_xl's prepare needs the module from build_shared()")
+        c = self.config
+        dist = torch.arange(ctx.tk - 1, -1, -1, device=ctx.device)  # (Tk,): Tk-1 ... 0
+        if c.clamp_len is not None:
+            dist = dist.clamp(max=c.clamp_len)
+        r = shared.drop(sinusoid_table(dist, self.dim).to(ctx.dtype))  # (Tk, D)
+        return RelativePositions(
+            r=r,
+            u=shared.u_bias,
+            v=shared.v_bias,
+            max_distance=ctx.memory_len if c.same_length else None,
+        )
+
+    def make_dense_equivalent_(self) -> None:
+        """W_R = 0 and u = v = 0: the scores reduce to q.k / sqrt(Dh)."""
+        with torch.no_grad():
+            self.r_proj.weight.zero_()
+            for p in (self.u_bias, self.v_bias):
+                if p is not None:
+                    p.zero_()
 
     def _heads(self, t: Tensor) -> Tensor:
         b, n, _ = t.shape
@@ -269,3 +376,12 @@ class RelativeXLAttention(nn.Module):
         v = self._heads(F.linear(mem, wv))  # (B, H, Tm, Dh)
         o = F.scaled_dot_product_attention(q, k, v)  # (B, H, Tq, Dh)
         return o.transpose(1, 2).reshape(h.shape[0], h.shape[1], -1)  # (B, Tq, H*Dh)
+
+
+register_attention(
+    "relative_xl",
+    RelativeXLConfig,
+    RelativeXLAttention,
+    modes=("causal",),
+    description="Transformer-XL relative attention with the shift trick (Dai et al. 2019)",
+)

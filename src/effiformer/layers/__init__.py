@@ -1,14 +1,23 @@
-"""Building blocks shared by the models: feed-forward, positions, the Transformer block."""
+"""Building blocks shared by the models: feed-forward, positions, the Transformer block, the
+layer stack and its memory policies."""
 
 from .block import TransformerBlock
 from .ffn import FeedForward
+from .memory import FIFOMemory, MemoryPolicy
 from .positions import LearnedPositions, SinusoidalPositions, build_positions, sinusoid_table
+from .stack import LayerCall, LayerStack, StackOutput, prefix_keys
 
 __all__ = [
+    "FIFOMemory",
     "FeedForward",
+    "LayerCall",
+    "LayerStack",
     "LearnedPositions",
+    "MemoryPolicy",
     "SinusoidalPositions",
+    "StackOutput",
     "TransformerBlock",
     "build_positions",
+    "prefix_keys",
     "sinusoid_table",
 ]

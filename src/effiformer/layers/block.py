@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention.base import AttentionMask, AttentionOutput
@@ -33,6 +34,19 @@ class TransformerBlock(nn.Module):
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         self.drop = nn.Dropout(dropout)
 
+    def attention_input(self, t: Tensor, *, stop_gradient: bool = False) -> Tensor:
+        """What this block's attention sees for states ``t`` (B, T, D): ``t`` itself (post-LN)
+        or its pre-LN norm; with ``stop_gradient`` the norm's weights are detached (the
+        Compressive Transformer's attention-reconstruction loss trains f_c alone)."""
+        if not self.norm_first:
+            return t
+        n = self.norm1
+        if not stop_gradient:
+            return n(t)
+        w = None if n.weight is None else n.weight.detach()
+        b = None if n.bias is None else n.bias.detach()
+        return F.layer_norm(t, n.normalized_shape, w, b, n.eps)
+
     def forward(
         self,
         x: Tensor,
@@ -42,7 +56,8 @@ class TransformerBlock(nn.Module):
         state: Any = None,
         positions: Any = None,
     ) -> AttentionOutput:
-        """x: (B, Tq, D), kv: (B, Tk, D) or None -> AttentionOutput with out (B, Tq, D)."""
+        """x: (B, Tq, D), kv: (B, Tk, D) or None -> AttentionOutput with out (B, Tq, D); the
+        attention's ``updates`` come back keyed relative to this block (``attn.NAME``)."""
         if self.norm_first:
             h = self.norm1(x)
             src = None if kv is None else self.norm1(kv)
@@ -53,4 +68,5 @@ class TransformerBlock(nn.Module):
             a = self.attn(x, kv=kv, mask=mask, state=state, positions=positions)
             x = self.norm1(x + self.drop(a.out))
             x = self.norm2(x + self.drop(self.ffn(x)))
-        return AttentionOutput(out=x, state=a.state, aux=a.aux, updates=a.updates)
+        updates = {f"attn.{k}": v for k, v in a.updates.items()}
+        return AttentionOutput(out=x, state=a.state, aux=a.aux, updates=updates)

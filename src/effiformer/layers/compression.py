@@ -27,14 +27,18 @@ the paper:
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .memory import check_memories, push_and_evict
+
 __all__ = [
     "COMPRESSIONS",
+    "CompressiveMemory",
     "Compression",
     "ConvCompression",
     "DilatedConvCompression",
@@ -143,3 +147,106 @@ def build_compression(kind: str, dim: int, rate: int) -> Compression:
     if kind == "most_used":
         return MostUsedCompression(rate)
     raise ValueError(f"compression must be one of {list(COMPRESSIONS)}, got {kind!r}")
+
+
+logger = logging.getLogger(__name__)
+_warned_remainders: set[tuple[int, int]] = set()
+
+
+class CompressiveMemory:
+    """The Compressive Transformer's memory policy (Algorithm 1), for the layer stack.
+
+    Per layer two FIFO queues, both initialised to zeros: a memory of ``mem_len`` (n_m) and a
+    compressed memory of ``cmem_len`` (n_cm). Layer ``i`` attends over ``[cmem; mem; x]``; then
+    ``x`` is pushed into the memory, the states pushed out are compressed by the layer's own f_c
+    (``compressors[i]``, owned by the model) with rate ``rate`` and appended to the compressed
+    memory. ``most_used`` asks the layer's attention for its weights
+    (``attention_probs``) and the attention-reconstruction loss (Algorithm 2) uses its content
+    attention (``content_attention``), so the layer's attention part must expose both
+    (``relative_xl`` does). The loss, ``||attn(h, old_mem) - attn(h, f_c(old_mem))||_2`` with h,
+    old_mem and the attention weights stop-gradiented, is returned per layer as
+    ``attn_reconstruction`` when gradients are enabled and f_c has parameters.
+    """
+
+    def __init__(
+        self, compressors: nn.ModuleList, *, mem_len: int, cmem_len: int, rate: int
+    ) -> None:
+        self.compressors, self.mem_len, self.cmem_len, self.rate = (
+            compressors,
+            mem_len,
+            cmem_len,
+            rate,
+        )
+
+    @property
+    def window(self) -> int:
+        return self.mem_len + self.cmem_len
+
+    def check_blocks(self, blocks) -> None:
+        for i, b in enumerate(blocks):
+            attn = getattr(b, "attn", None)
+            missing = [m for m in ("attention_probs", "content_attention") if not hasattr(attn, m)]
+            if missing:
+                raise ValueError(
+                    f"the compressive memory needs an attention part exposing {' and '.join(missing)} "
+                    f"(relative_xl does); layer {i}'s {type(attn).__name__} does not"
+                )
+
+    def init_state(self, blocks, batch, dim, device, dtype) -> tuple:
+        return tuple(
+            (
+                torch.zeros(batch, self.mem_len, dim, device=device, dtype=dtype),
+                torch.zeros(batch, self.cmem_len, dim, device=device, dtype=dtype),
+            )
+            for _ in blocks
+        )
+
+    full_state = init_state
+
+    def check_state(self, state, n_layers, batch, dim, ref) -> tuple:
+        return check_memories(state, n_layers, batch, dim, ref, per_layer=2)
+
+    def keys(self, layer: int, block: nn.Module, x: Tensor, mem) -> Tensor:
+        m, cm = mem
+        return torch.cat([cm, m, x], dim=1)  # (B, n_cm + n_m + T, D)
+
+    def update(self, layer, block, x, kv, mem, *, mask, positions):
+        m, cmem = mem
+        f_c = self.compressors[layer]
+        new_mem, old_mem = push_and_evict(m, x, self.mem_len)  # both detached
+        n_old = old_mem.shape[1]
+        if n_old % self.rate and (n_old, self.rate) not in _warned_remainders:
+            _warned_remainders.add((n_old, self.rate))
+            logger.warning(
+                "%d evicted memories are not a multiple of compression_rate=%d: the oldest %d "
+                "are dropped; use segments whose length is a multiple of the rate",
+                n_old,
+                self.rate,
+                n_old % self.rate,
+            )
+        usage = None
+        if f_c.needs_usage and n_old:
+            with torch.no_grad():
+                probs = block.attn.attention_probs(
+                    block.attention_input(x, stop_gradient=True),
+                    kv=block.attention_input(kv, stop_gradient=True),
+                    mask=mask,
+                    positions=positions,
+                )  # (B, H, T, Tk)
+            cm = cmem.shape[1]
+            usage = probs.sum(dim=(1, 2))[:, cm : cm + n_old]  # (B, n_old): old_mem's keys
+        compressed = f_c(old_mem, usage)  # (B, n_old // c, D); grad reaches f_c only
+        aux = {}
+        trainable = any(p.requires_grad for p in f_c.parameters())
+        if torch.is_grad_enabled() and trainable and compressed.shape[1]:
+            h = block.attention_input(x.detach(), stop_gradient=True)
+            target = block.attn.content_attention(
+                h, block.attention_input(old_mem, stop_gradient=True)
+            )
+            pred = block.attn.content_attention(
+                h, block.attention_input(compressed, stop_gradient=True)
+            )
+            aux["attn_reconstruction"] = torch.linalg.vector_norm(target - pred)
+        cat = torch.cat([cmem, compressed.detach()], dim=1)  # (B, n_cm + n_old // c, D)
+        new_cmem = cat[:, max(0, cat.shape[1] - self.cmem_len) :]
+        return (new_mem, new_cmem), aux

@@ -21,8 +21,8 @@ post-LN by default, adaptive input/softmax options):
   that evicts them (summed over heads and queries), computed honestly with the layer's own
   attention probabilities (:meth:`RelativeXLAttention.attention_probs`, one extra score pass per
   layer, under ``no_grad``).
-- Attention-reconstruction loss (Algorithm 2), summed over layers and returned as
-  ``ModelOutput.aux["attn_reconstruction"]``::
+- Attention-reconstruction loss (Algorithm 2), one per layer, returned as
+  ``ModelOutput.aux["blocks.<layer>.attn_reconstruction"]``::
 
       L_attn = sum_l || attn(h_l, old_mem_l) - attn(h_l, f_c(old_mem_l)) ||_2
 
@@ -56,26 +56,16 @@ as ``xl-wt103-large``).
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
-from typing import Any
 
-import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import nn
 
-from ..attention import AttentionMask
 from ..config import ConfigError
-from ..layers import TransformerBlock
-from ..layers.compression import COMPRESSIONS, build_compression
-from ..layers.memory import push_and_evict
+from ..layers.compression import COMPRESSIONS, CompressiveMemory, build_compression
 from ..registry import register_family, register_model
 from .transformer_xl import RUNTIME_FIELDS, TransformerXL, XLConfig
 
 __all__ = ["CompressiveConfig", "CompressiveTransformer", "build_compressive"]
-
-logger = logging.getLogger(__name__)
-_warned_remainders: set[tuple[int, int]] = set()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,121 +93,26 @@ class CompressiveConfig(XLConfig):
         return self.mem_len + self.cmem_len
 
 
-def _attn_input(block: TransformerBlock, t: Tensor) -> Tensor:
-    """What ``block``'s attention sees for states ``t``: ``t`` (post-LN) or its stop-gradient
-    pre-LN norm."""
-    if not block.norm_first:
-        return t
-    n = block.norm1
-    w = None if n.weight is None else n.weight.detach()
-    b = None if n.bias is None else n.bias.detach()
-    return F.layer_norm(t, n.normalized_shape, w, b, n.eps)
-
-
 class CompressiveTransformer(TransformerXL):
     """Transformer-XL with a per-layer compressed memory; state is a tuple over layers of
-    ``(memory (B, n_m, D), compressed memory (B, n_cm, D))``."""
+    ``(memory (B, n_m, D), compressed memory (B, n_cm, D))``. The memory policy is
+    :class:`~effiformer.layers.compression.CompressiveMemory`; the per-layer f_c live in
+    ``self.compressors``."""
 
     runtime_fields = RUNTIME_FIELDS | {"cmem_len"}
 
-    def __init__(self, config: CompressiveConfig) -> None:
-        super().__init__(config)
-        c = config
+    def _memory_policy(self) -> CompressiveMemory:
+        c = self.config
         self.compressors = nn.ModuleList(
             build_compression(c.compression, c.dim, c.compression_rate) for _ in range(c.n_layers)
+        )
+        return CompressiveMemory(
+            self.compressors, mem_len=c.mem_len, cmem_len=c.cmem_len, rate=c.compression_rate
         )
 
     def aux_parameters(self) -> list[nn.Parameter]:
         """The compression networks f_c: trained by the attention-reconstruction loss only."""
         return list(self.compressors.parameters())
-
-    def init_state(self, batch_size: int, device: torch.device | str | None = None) -> Any:
-        """Zero-filled FIFO queues: per layer ((B, n_m, D), (B, n_cm, D))."""
-        c = self.config
-        dt = self._param_dtype()
-        return tuple(
-            (
-                torch.zeros(batch_size, c.mem_len, c.dim, device=device, dtype=dt),
-                torch.zeros(batch_size, c.cmem_len, c.dim, device=device, dtype=dt),
-            )
-            for _ in range(c.n_layers)
-        )
-
-    def _check_state(self, state: Any, batch_size: int, ref: Tensor) -> Any:
-        c = self.config
-        if not isinstance(state, (tuple, list)) or len(state) != c.n_layers:
-            raise ValueError(
-                f"state must be a tuple of {c.n_layers} (memory, compressed memory) pairs from "
-                "init_state() or a previous output's .state"
-            )
-        shapes = None
-        for i, pair in enumerate(state):
-            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-                raise ValueError(f"state[{i}] must be a (memory, compressed memory) pair")
-            for name, t in zip(("memory", "compressed memory"), pair):
-                if not isinstance(t, Tensor) or t.dim() != 3:
-                    raise ValueError(f"state[{i}] {name} must be a (B, M, {c.dim}) tensor")
-                if t.shape[0] != batch_size or t.shape[2] != c.dim:
-                    raise ValueError(
-                        f"state[{i}] {name} must be (B={batch_size}, M, D={c.dim}), got "
-                        f"{tuple(t.shape)}"
-                    )
-                if t.dtype != ref.dtype or t.device != ref.device:
-                    raise ValueError(
-                        f"state[{i}] {name} must be {ref.dtype} on {ref.device}, got {t.dtype} "
-                        f"on {t.device}"
-                    )
-            s = (pair[0].shape[1], pair[1].shape[1])
-            if shapes is not None and s != shapes:
-                raise ValueError("every layer's memories in state must have the same lengths")
-            shapes = s
-        return tuple(tuple(p) for p in state)
-
-    def _layers(self, x: Tensor, state: Any) -> tuple[Tensor, Any, dict[str, Tensor]]:
-        """x: (B, T, D) -> (last hidden (B, T, D), next ((mem, cmem), ...), aux losses)."""
-        c = self.config
-        m, cm = state[0][0].shape[1], state[0][1].shape[1]
-        positions = self._positions(cm + m + x.shape[1], x)
-        mask = AttentionMask(causal=True)
-        new_state = []
-        recon: Tensor | None = None
-        for block, f_c, (mem, cmem) in zip(self.blocks, self.compressors, state):
-            new_mem, old_mem = push_and_evict(mem, x, c.mem_len)  # both detached
-            kv = torch.cat([cmem, mem, x], dim=1)  # (B, n_cm + n_m + T, D)
-            n_old = old_mem.shape[1]
-            if n_old % c.compression_rate and (n_old, c.compression_rate) not in _warned_remainders:
-                _warned_remainders.add((n_old, c.compression_rate))
-                logger.warning(
-                    "%d evicted memories are not a multiple of compression_rate=%d: the oldest "
-                    "%d are dropped; use segments whose length is a multiple of the rate",
-                    n_old,
-                    c.compression_rate,
-                    n_old % c.compression_rate,
-                )
-            usage = None
-            if f_c.needs_usage and n_old:
-                with torch.no_grad():
-                    probs = block.attn.attention_probs(
-                        _attn_input(block, x),
-                        kv=_attn_input(block, kv),
-                        mask=mask,
-                        positions=positions,
-                    )  # (B, H, T, Tk)
-                usage = probs.sum(dim=(1, 2))[:, cm : cm + n_old]  # (B, n_old): old_mem's keys
-            compressed = f_c(old_mem, usage)  # (B, n_old // c, D); grad reaches f_c only
-            trainable = any(p.requires_grad for p in f_c.parameters())
-            if torch.is_grad_enabled() and trainable and compressed.shape[1]:
-                h = _attn_input(block, x.detach())
-                target = block.attn.content_attention(h, _attn_input(block, old_mem))
-                pred = block.attn.content_attention(h, _attn_input(block, compressed))
-                loss = torch.linalg.vector_norm(target - pred)
-                recon = loss if recon is None else recon + loss
-            cat = torch.cat([cmem, compressed.detach()], dim=1)  # (B, n_cm + n_old // c, D)
-            new_cmem = cat[:, max(0, cat.shape[1] - c.cmem_len) :]
-            new_state.append((new_mem, new_cmem))
-            x = block(x, kv=kv, mask=mask, positions=positions).out
-        aux = {} if recon is None else {"attn_reconstruction": recon}
-        return x, tuple(new_state), aux
 
 
 def build_compressive(config: CompressiveConfig) -> CompressiveTransformer:

@@ -43,22 +43,17 @@ from __future__ import annotations
 import copy
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..attention import AttentionMask
-from ..attention.funnel_relative import (
-    ATTENTION_TYPES,
-    FunnelPositions,
-    FunnelRelativeAttention,
-    rel_sinusoid,
-    relative_distances,
-)
+from ..attention import AttentionConfig, AttentionDims, AttentionMask, PrepareContext
+from ..attention.funnel_relative import FunnelAttentionConfig, FunnelRelativeAttention
+from ..attention.registry import build_attention
 from ..config import ConfigError, ModelConfig
-from ..layers import FeedForward, TransformerBlock
+from ..layers import FeedForward, LayerCall, LayerStack, TransformerBlock, prefix_keys
 from ..layers.ffn import ACTIVATIONS
 from ..layers.heads import (
     MaskedLMHead,
@@ -109,11 +104,12 @@ class FunnelConfig(ModelConfig):
 
     block_sizes: distinct layers per block; block_repeats: times each layer is applied (None:
     all 1); n_decoder_layers: full-length layers after upsampling; pooling: "mean" | "max";
-    attention_type: "relative_shift" | "factorized"; separate_cls, truncate_seq, pool_q_only: see
-    the module docstring; activation_dropout: inside the FFN; norm_eps: LayerNorm epsilon;
-    init_range: U(0, init_range) for the relative-attention parameters; init_std: std of linear
-    layers (None: sqrt(1 / (fan_in + fan_out))) and of the embedding (None: 1.0);
-    mlm_transform: dense -> gelu -> LN before the tied MLM decoder (False for HF checkpoints).
+    separate_cls, truncate_seq, pool_q_only: see the module docstring; activation_dropout: inside
+    the FFN; norm_eps: LayerNorm epsilon; init_std: std of linear layers (None: sqrt(1 /
+    (fan_in + fan_out))) and of the embedding (None: 1.0); mlm_transform: dense -> gelu -> LN
+    before the tied MLM decoder (False for HF checkpoints); attention: the attention part, default
+    ``funnel_relative`` (``attention.kind``: "relative_shift" | "factorized", the official
+    ``attention_type``; ``attention.init_range``: U(0, init_range) for its relative parameters).
     """
 
     family = "funnel"
@@ -130,16 +126,15 @@ class FunnelConfig(ModelConfig):
     block_repeats: tuple[int, ...] | None = None
     n_decoder_layers: int = 2
     pooling: str = "mean"
-    attention_type: str = "relative_shift"
     separate_cls: bool = True
     truncate_seq: bool = True
     pool_q_only: bool = True
     activation: str = "gelu_tanh"
     activation_dropout: float = 0.0
     norm_eps: float = 1e-9
-    init_range: float = 0.1
     init_std: float | None = None
     mlm_transform: bool = True
+    attention: AttentionConfig = field(default_factory=FunnelAttentionConfig)
 
     def __post_init__(self) -> None:
         sizes = tuple(self.block_sizes)
@@ -165,7 +160,6 @@ class FunnelConfig(ModelConfig):
         if self.n_decoder_layers < 0:
             raise ConfigError(f"n_decoder_layers must be >= 0, got {self.n_decoder_layers}")
         self._check_choice("pooling", ("mean", "max"))
-        self._check_choice("attention_type", ATTENTION_TYPES)
         self._check_choice("activation", tuple(ACTIVATIONS))
         if not 0.0 <= self.activation_dropout < 1.0:
             raise ConfigError(
@@ -185,66 +179,83 @@ class FunnelConfig(ModelConfig):
 class _Structure:
     """Per-forward positional/segment/padding structures, and how pooling changes them.
 
-    Built once per forward by the encoder; layers receive :class:`FunnelPositions` from it.
-    ``pos``, ``types`` and ``key_padding`` describe the current key sequence.
+    Built once per forward by the encoder; every attention call gets a
+    :class:`~effiformer.attention.base.PrepareContext` from it (positions of queries and keys,
+    token types, [CLS], one ``scratch`` shared by the whole forward, so the relative-shift
+    sinusoid table is drawn once). ``pos``, ``types`` and ``key_padding`` describe the current
+    key sequence.
     """
 
     def __init__(
         self,
         config: FunnelConfig,
         seq_len: int,
-        sinusoid_drop: nn.Dropout,
         *,
         dtype: torch.dtype,
         device: torch.device,
+        training: bool,
         token_types: Tensor | None,
         key_padding: Tensor | None,
     ) -> None:
         self.c = config
+        self.seq_len = seq_len
         self.pos = torch.arange(seq_len, device=device)  # (T,) positions
         self.types = token_types  # (B, T) token type ids, or None
         self.key_padding = key_padding  # (B, T) bool, True = real token
-        self.dtype = dtype
-        self.drop = sinusoid_drop
-        self.zero = 2 * seq_len
-        self.table = None
-        if config.attention_type == "relative_shift":
-            # Sinusoids for every distance in [-2T, 2T) with one dropout draw, as the official code.
-            dist = torch.arange(-2 * seq_len, 2 * seq_len, device=device)
-            self.table = sinusoid_drop(rel_sinusoid(dist, config.dim).to(dtype))  # (4T, D)
+        self.dtype, self.device, self.training = dtype, device, training
+        self.scratch: dict = {}
 
     def kw(self) -> dict:
         return {"separate_cls": self.c.separate_cls, "truncate_seq": self.c.truncate_seq}
 
-    def positions(
-        self, q_pos: Tensor, k_pos: Tensor, shift: int, q_types: Tensor | None
-    ) -> FunnelPositions:
-        common = {
-            "q_types": q_types,
-            "k_types": self.types,
-            "cls_first": self.c.separate_cls,
-        }
-        if self.c.attention_type == "relative_shift":
-            dist = relative_distances(q_pos, k_pos, shift) + self.zero
-            if int(dist.min()) < 0 or int(dist.max()) >= self.table.shape[0]:
-                raise RuntimeError("relative distance outside the sinusoid table")
-            return FunnelPositions("relative_shift", rel=self.table[dist], shift=shift, **common)
-        sq, cq = rel_sinusoid(q_pos, self.c.dim).to(self.dtype).chunk(2, dim=-1)  # (Tq, D/2)
-        sk, ck = rel_sinusoid(k_pos, self.c.dim).to(self.dtype).chunk(2, dim=-1)  # (Tk, D/2)
-        enc = (self.drop(sq), self.drop(cq), sk, ck)  # dropout on the query side, as official
-        return FunnelPositions("factorized", enc=enc, shift=shift, **common)
+    def context(
+        self,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        shift: int,
+        q_types: Tensor | None,
+        k_types: Tensor | None,
+        mask: AttentionMask,
+    ) -> PrepareContext:
+        return PrepareContext(
+            tq=q_pos.numel(),
+            tk=k_pos.numel(),
+            mask=mask,
+            device=self.device,
+            dtype=self.dtype,
+            training=self.training,
+            q_positions=q_pos,
+            k_positions=k_pos,
+            extra={
+                "shift": shift,
+                "q_types": q_types,
+                "k_types": k_types,
+                "cls_first": self.c.separate_cls,
+                "seq_len": self.seq_len,
+            },
+            scratch=self.scratch,
+        )
 
-    def self_positions(self) -> FunnelPositions:
-        return self.positions(self.pos, self.pos, 1, self.types)
+    def self_context(self, mask: AttentionMask) -> PrepareContext:
+        return self.context(self.pos, self.pos, 1, self.types, self.types, mask)
 
 
 # --------------------------------------------------------------------------- encoder / decoder
 
 
-def _make_layer(c: FunnelConfig) -> TransformerBlock:
-    attn = FunnelRelativeAttention(
-        c.dim, c.n_heads, c.head_dim, dropout=c.attn_dropout, init_range=c.init_range
+def _make_layer(c: FunnelConfig, layer: int, n_layers: int) -> TransformerBlock:
+    dims = AttentionDims(
+        c.dim,
+        c.n_heads,
+        c.head_dim,
+        causal=False,
+        dropout=c.attn_dropout,
+        residual_dropout=c.dropout,
+        layer=layer,
+        n_layers=n_layers,
+        max_len=c.seq_len,
     )
+    attn = build_attention(c.attention, dims)
     ffn = FeedForward(c.dim, c.ffn_dim, activation=c.activation, dropout=c.activation_dropout)
     # Post-LN: LN(x + drop(attn)), LN(x + drop(ffn)); the residual is the (pooled) query.
     return TransformerBlock(
@@ -256,18 +267,23 @@ def _make_layer(c: FunnelConfig) -> TransformerBlock:
 class FunnelEncoderOutput:
     """hidden: (B, T_last, D) output of the last block; first_block: (B, T, D) output of the last
     layer of block 1; lengths: sequence length after each block; strides: total pooling stride
-    after each block; structure: what the decoder reuses (positions at full length)."""
+    after each block; structure: what the decoder reuses (positions at full length); aux /
+    updates: the layers' auxiliary losses and buffer updates, by qualified name relative to the
+    encoder."""
 
     hidden: Tensor
     first_block: Tensor
     lengths: list[int]
     strides: list[int]
     structure: _Structure
+    aux: dict[str, Tensor] = field(default_factory=dict)
+    updates: dict[str, Tensor] = field(default_factory=dict)
 
 
 class FunnelEncoder(nn.Module):
-    """Embedding + pooled blocks. forward(input_ids (B, T), attention_mask (B, T) | None,
-    token_type_ids (B, T) | None) -> :class:`FunnelEncoderOutput`."""
+    """Embedding + pooled blocks (one :class:`~effiformer.layers.LayerStack` each).
+    forward(input_ids (B, T), attention_mask (B, T) | None, token_type_ids (B, T) | None) ->
+    :class:`FunnelEncoderOutput`."""
 
     def __init__(self, config: FunnelConfig) -> None:
         super().__init__()
@@ -275,10 +291,14 @@ class FunnelEncoder(nn.Module):
         self.embed = nn.Embedding(c.vocab_size, c.dim)
         self.embed_norm = nn.LayerNorm(c.dim, eps=c.norm_eps)
         self.drop = nn.Dropout(c.dropout)
-        self.sinusoid_drop = nn.Dropout(c.dropout)
-        self.blocks = nn.ModuleList(
-            nn.ModuleList(_make_layer(c) for _ in range(size)) for size in c.block_sizes
-        )
+        n, blocks, layer = c.n_layers, [], 0
+        for b, size in enumerate(c.block_sizes):
+            layers = []
+            for _ in range(size):
+                layers.append(_make_layer(c, layer, n))
+                layer += c.block_repeats[b]
+            blocks.append(LayerStack(layers, repeats=(c.block_repeats[b],) * size))
+        self.blocks = nn.ModuleList(blocks)
 
     def forward(
         self,
@@ -293,18 +313,19 @@ class FunnelEncoder(nn.Module):
         st = _Structure(
             c,
             x.shape[1],
-            self.sinusoid_drop,
             dtype=x.dtype,
             device=x.device,
+            training=self.training,
             token_types=token_type_ids,
             key_padding=key_padding,
         )
-        self_pos = st.self_positions()
         first_block = x
         lengths, strides, stride = [], [], 1
-        for b, block in enumerate(self.blocks):
+        aux: dict[str, Tensor] = {}
+        updates: dict[str, Tensor] = {}
+        for b, stack in enumerate(self.blocks):
             pool = b > 0 and x.shape[1] > (2 if c.separate_cls else 1)
-            first_pos = first_mask = first_kv = None
+            first = None
             if pool:
                 stride *= 2
                 kw = st.kw()
@@ -314,32 +335,27 @@ class FunnelEncoder(nn.Module):
                 pooled_padding = pool_padding(st.key_padding, **kw)
                 if c.pool_q_only:
                     # First layer: pooled query/residual, unpooled keys and values (shift 2).
-                    first_pos = st.positions(q_pos, st.pos, 2, q_types)
                     first_mask = AttentionMask(key_padding=st.key_padding)
-                    first_kv = x
+                    ctx = st.context(q_pos, st.pos, 2, q_types, st.types, first_mask)
+                    first = LayerCall(kv=x, mask=first_mask, ctx=ctx)
                 else:
-                    st_types, st.types = st.types, q_types
-                    first_pos = st.positions(q_pos, q_pos, 1, q_types)
-                    st.types = st_types
                     first_mask = AttentionMask(key_padding=pooled_padding)
+                    ctx = st.context(q_pos, q_pos, 1, q_types, q_types, first_mask)
+                    first = LayerCall(mask=first_mask, ctx=ctx)
                 st.pos, st.types, st.key_padding = q_pos, q_types, pooled_padding
-                self_pos = st.self_positions()
                 x = pooled
             mask = AttentionMask(key_padding=st.key_padding)
-            first = True
-            for layer in block:
-                for _ in range(c.block_repeats[b]):
-                    if first and pool:
-                        x = layer(x, kv=first_kv, mask=first_mask, positions=first_pos).out
-                    else:
-                        x = layer(x, mask=mask, positions=self_pos).out
-                    first = False
+            out = stack(x, mask=mask, ctx=st.self_context(mask), first=first)
+            x = out.hidden
+            aux.update(prefix_keys(out.aux, f"blocks.{b}."))
+            updates.update(prefix_keys(out.updates, f"blocks.{b}."))
             if b == 0:
                 first_block = x
                 full = copy.copy(st)  # full-length structures, reused by the decoder
             lengths.append(x.shape[1])
             strides.append(stride)
-        return FunnelEncoderOutput(x, first_block, lengths, strides, full if c.n_blocks > 1 else st)
+        structure = full if c.n_blocks > 1 else st
+        return FunnelEncoderOutput(x, first_block, lengths, strides, structure, aux, updates)
 
 
 class FunnelDecoder(nn.Module):
@@ -348,9 +364,11 @@ class FunnelDecoder(nn.Module):
     def __init__(self, config: FunnelConfig) -> None:
         super().__init__()
         self.config = config
-        self.layers = nn.ModuleList(_make_layer(config) for _ in range(config.n_decoder_layers))
+        n = config.n_decoder_layers
+        self.layers = LayerStack([_make_layer(config, i, n) for i in range(n)])
 
-    def forward(self, enc: FunnelEncoderOutput) -> Tensor:
+    def forward(self, enc: FunnelEncoderOutput) -> tuple[Tensor, dict, dict]:
+        """-> (hidden (B, T, D), aux, updates)."""
         c = self.config
         t = enc.first_block.shape[1]
         up = upsample(
@@ -358,11 +376,9 @@ class FunnelDecoder(nn.Module):
         )  # (B, T, D)
         x = up + enc.first_block
         st = enc.structure
-        pos = st.self_positions()
         mask = AttentionMask(key_padding=st.key_padding)
-        for layer in self.layers:
-            x = layer(x, mask=mask, positions=pos).out
-        return x
+        out = self.layers(x, mask=mask, ctx=st.self_context(mask))
+        return out.hidden, prefix_keys(out.aux, "layers."), prefix_keys(out.updates, "layers.")
 
 
 def _init_funnel(module: nn.Module, config: FunnelConfig) -> None:
@@ -449,20 +465,34 @@ class FunnelModel(_FunnelBase):
         token_type_ids: Tensor | None = None,
     ) -> ModelOutput:
         enc = self.encode(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
-        hidden = enc.hidden if self.decoder is None else self.decoder(enc)
-        return ModelOutput(hidden=hidden)
+        aux = prefix_keys(enc.aux, "encoder.")
+        updates = prefix_keys(enc.updates, "encoder.")
+        hidden = enc.hidden
+        if self.decoder is not None:
+            hidden, d_aux, d_updates = self.decoder(enc)
+            aux.update(prefix_keys(d_aux, "decoder."))
+            updates.update(prefix_keys(d_updates, "decoder."))
+        return ModelOutput(hidden=hidden, aux=aux, updates=updates)
 
     def attention_part(self, x: Tensor) -> Tensor:
         st = _Structure(
             self.config,
             x.shape[1],
-            self.encoder.sinusoid_drop,
             dtype=x.dtype,
             device=x.device,
+            training=self.training,
             token_types=None,
             key_padding=None,
         )
-        return self.encoder.blocks[0][0].attn(x, positions=st.self_positions()).out
+        mask = AttentionMask()
+        return self.encoder.blocks[0].attention_part(x, mask=mask, ctx=st.self_context(mask))
+
+
+def _carried(out: ModelOutput, inner: ModelOutput, prefix: str) -> ModelOutput:
+    """``out`` with ``inner``'s aux losses and updates, their names prefixed by ``prefix``."""
+    out.aux.update(prefix_keys(inner.aux, prefix))
+    out.updates.update(prefix_keys(inner.updates, prefix))
+    return out
 
 
 class FunnelForMaskedLM(_FunnelBase):
@@ -497,9 +527,8 @@ class FunnelForMaskedLM(_FunnelBase):
     ) -> ModelOutput:
         if state is not None:
             raise ValueError("Funnel models are stateless; pass state=None")
-        h = self.funnel(
-            input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-        ).hidden
+        inner = self.funnel(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        h = inner.hidden
         if h.shape[1] != input_ids.shape[1]:
             raise ConfigError("masked LM needs the decoder (n_decoder_layers > 0)")
         logits = self.head(h)  # (B, T, V)
@@ -507,7 +536,7 @@ class FunnelForMaskedLM(_FunnelBase):
         if targets is not None:
             self.check_targets(targets, input_ids)
             loss = lm_loss(logits, targets)
-        return ModelOutput(logits=logits, loss=loss, hidden=h)
+        return _carried(ModelOutput(logits=logits, loss=loss, hidden=h), inner, "funnel.")
 
     def attention_part(self, x: Tensor) -> Tensor:
         return self.funnel.attention_part(x)
@@ -535,12 +564,11 @@ class _FunnelWithHead(_FunnelBase):
         attention_mask: Tensor | None = None,
         token_type_ids: Tensor | None = None,
     ) -> ModelOutput:
-        h = self.funnel(
-            input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-        ).hidden
+        inner = self.funnel(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        h = inner.hidden
         logits = self.head(h)
         loss = None if labels is None else self._loss(logits, labels)
-        return ModelOutput(logits=logits, loss=loss, hidden=h)
+        return _carried(ModelOutput(logits=logits, loss=loss, hidden=h), inner, "funnel.")
 
 
 class FunnelForSequenceClassification(_FunnelWithHead):
@@ -587,14 +615,15 @@ class FunnelForMultipleChoice(_FunnelBase):
         def flat(t: Tensor | None) -> Tensor | None:
             return None if t is None else t.reshape(b * n, -1)  # (B*C, T)
 
-        h = self.funnel(
+        inner = self.funnel(
             flat(input_ids),
             attention_mask=flat(attention_mask),
             token_type_ids=flat(token_type_ids),
-        ).hidden
+        )
+        h = inner.hidden
         logits = self.head(h).view(b, n)  # (B, C)
         loss = None if labels is None else F.cross_entropy(logits.float(), labels.long())
-        return ModelOutput(logits=logits, loss=loss, hidden=h)
+        return _carried(ModelOutput(logits=logits, loss=loss, hidden=h), inner, "funnel.")
 
 
 class FunnelForTokenClassification(_FunnelWithHead):
@@ -631,16 +660,16 @@ class FunnelForQuestionAnswering(_FunnelBase):
         attention_mask: Tensor | None = None,
         token_type_ids: Tensor | None = None,
     ) -> ModelOutput:
-        h = self.funnel(
-            input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-        ).hidden
+        inner = self.funnel(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        h = inner.hidden
         start, end = self.head(h)
         loss = None
         if (start_positions is None) != (end_positions is None):
             raise ValueError("pass both start_positions and end_positions, or neither")
         if start_positions is not None:
             loss = span_loss(start, end, start_positions, end_positions)
-        return ModelOutput(logits=torch.stack([start, end], dim=-1), loss=loss, hidden=h)
+        out = ModelOutput(logits=torch.stack([start, end], dim=-1), loss=loss, hidden=h)
+        return _carried(out, inner, "funnel.")
 
 
 @dataclass
@@ -714,9 +743,10 @@ class FunnelElectra(_FunnelBase):
                 "FunnelElectra needs targets: original ids at masked positions, -100 elsewhere"
             )
         self.check_targets(targets, input_ids)
-        gen_h = self.generator(
+        gen = self.generator(
             input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-        ).hidden
+        )
+        gen_h = gen.hidden
         gen_logits = self.gen_head(gen_h)  # (B, T, V)
         gen_loss = lm_loss(gen_logits, targets)
         masked = targets != IGNORE_INDEX
@@ -727,13 +757,14 @@ class FunnelElectra(_FunnelBase):
             corrupted[masked] = sampled
             original = torch.where(masked, targets, input_ids)
             replaced = corrupted != original
-        disc_h = self.discriminator(
+        disc = self.discriminator(
             corrupted, attention_mask=attention_mask, token_type_ids=token_type_ids
-        ).hidden
+        )
+        disc_h = disc.hidden
         disc_logits = self.disc_head(disc_h)  # (B, T)
         disc_loss = replaced_token_loss(disc_logits, replaced, attention_mask)
         loss = gen_loss + self.disc_weight * disc_loss
-        return ElectraOutput(
+        out = ElectraOutput(
             logits=disc_logits,
             loss=loss,
             hidden=disc_h,
@@ -742,6 +773,7 @@ class FunnelElectra(_FunnelBase):
             corrupted=corrupted,
             replaced=replaced,
         )
+        return _carried(_carried(out, gen, "generator."), disc, "discriminator.")
 
 
 class _ProjectedEmbedding(nn.Module):

@@ -43,6 +43,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from ..attention.funnel_relative import FunnelAttentionConfig
 from ..checkpoint import CheckpointError, atomic_write_bytes
 from .funnel import (
     FunnelConfig,
@@ -148,11 +149,13 @@ def config_from_hf(hf: dict[str, Any], *, seq_len: int = 512) -> FunnelConfig:
         activation_dropout=float(hf.get("activation_dropout", 0.0)),
         norm_eps=float(hf.get("layer_norm_eps", 1e-9)),
         pooling=hf.get("pooling_type", "mean"),
-        attention_type=hf.get("attention_type", "relative_shift"),
+        attention=FunnelAttentionConfig(
+            kind=hf.get("attention_type", "relative_shift"),
+            init_range=float(hf.get("initializer_range", 0.1)),
+        ),
         separate_cls=bool(hf.get("separate_cls", True)),
         truncate_seq=bool(hf.get("truncate_seq", True)),
         pool_q_only=bool(hf.get("pool_q_only", True)),
-        init_range=float(hf.get("initializer_range", 0.1)),
         init_std=hf.get("initializer_std"),
         mlm_transform=False,
     )
@@ -179,11 +182,11 @@ def config_to_hf(config: FunnelConfig, arch: str, n_labels: int | None = None) -
         "activation_dropout": config.activation_dropout,
         "layer_norm_eps": config.norm_eps,
         "pooling_type": config.pooling,
-        "attention_type": config.attention_type,
+        "attention_type": config.attention.kind,
         "separate_cls": config.separate_cls,
         "truncate_seq": config.truncate_seq,
         "pool_q_only": config.pool_q_only,
-        "initializer_range": config.init_range,
+        "initializer_range": config.attention.init_range,
         "initializer_std": config.init_std,
         "tie_word_embeddings": True,
     }

@@ -1,6 +1,9 @@
 """Dense Transformer baseline: a decoder-only language model (``causal=True``) and a bidirectional
 encoder with a masked-LM head (``causal=False``). Vaswani et al. 2017 (arXiv 1706.03762); pre-LN
-option after Xiong et al. 2020 (arXiv 2002.04745). Attention is :class:`DenseAttention` on SDPA.
+option after Xiong et al. 2020 (arXiv 2002.04745). Attention is any registered attention part by
+configuration (``attention``; default :class:`~effiformer.attention.dense.DenseConfig`, SDPA), so
+every drop-in mechanism (sparse, adaptive span, LSH, routing, ...) runs in this decoder-only LM
+and in this bidirectional encoder without code of its own.
 
 Registered: ``vanilla-tiny``, ``vanilla-small``, ``vanilla-base``.
 """
@@ -8,15 +11,15 @@ Registered: ``vanilla-tiny``, ``vanilla-small``, ``vanilla-base``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
-from ..attention import AttentionMask, DenseAttention
+from ..attention import AttentionConfig, AttentionDims, AttentionMask, DenseConfig, PrepareContext
+from ..attention.registry import build_attention
 from ..config import ModelConfig
-from ..layers import FeedForward, TransformerBlock, build_positions
+from ..layers import FeedForward, LayerStack, TransformerBlock, build_positions, prefix_keys
 from ..layers.ffn import ACTIVATIONS
 from ..registry import register_family, register_model
 from .base import EffiModel, ModelOutput, lm_loss
@@ -26,8 +29,9 @@ __all__ = ["VanillaConfig", "Transformer", "build_vanilla"]
 
 @dataclass(frozen=True, kw_only=True)
 class VanillaConfig(ModelConfig):
-    """Dense Transformer. ``positions``: "learned" (default, GPT-2) or "sinusoidal" (Vaswani);
-    ``norm_first``: pre-LN."""
+    """Transformer LM / encoder. ``positions``: "learned" (default, GPT-2) or "sinusoidal"
+    (Vaswani); ``norm_first``: pre-LN; ``attention``: the attention part of every layer (default
+    dense); ``recompute``: recompute each block in the backward pass (activation checkpointing)."""
 
     family = "vanilla"
 
@@ -35,6 +39,8 @@ class VanillaConfig(ModelConfig):
     positions: str = "learned"
     activation: str = "gelu"
     tie_embeddings: bool = True
+    attention: AttentionConfig = field(default_factory=DenseConfig)
+    recompute: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -48,34 +54,44 @@ class Transformer(EffiModel):
     """Token embedding -> positions -> N blocks -> (final LN) -> tied LM head.
 
     forward(input_ids (B, T), *, targets (B, T) | None, attention_mask (B, T) | None)
-    -> ModelOutput(logits (B, T, V), loss, hidden (B, T, D)).
+    -> ModelOutput(logits (B, T, V), loss, hidden (B, T, D), aux, updates).
     ``attention_mask`` marks real tokens with 1/True (padding 0/False).
     """
 
-    def __init__(
-        self, config: VanillaConfig, make_attention: Callable[[int], nn.Module] | None = None
-    ):
+    def __init__(self, config: VanillaConfig):
         super().__init__()
         self.config = config
         c = config
-        if make_attention is None:
 
-            def make_attention(_layer: int) -> nn.Module:
-                return DenseAttention(c.dim, c.n_heads, c.head_dim, dropout=c.attn_dropout)
+        def dims(layer: int) -> AttentionDims:
+            return AttentionDims(
+                c.dim,
+                c.n_heads,
+                c.head_dim,
+                causal=c.causal,
+                dropout=c.attn_dropout,
+                residual_dropout=c.dropout,
+                layer=layer,
+                n_layers=c.n_layers,
+                max_len=c.seq_len,
+            )
 
         self.embed = nn.Embedding(c.vocab_size, c.dim)
         self.embed_scale = math.sqrt(c.dim) if c.positions == "sinusoidal" else 1.0
         self.pos = build_positions(c.positions, c.dim, c.seq_len)
         self.drop = nn.Dropout(c.dropout)
-        self.blocks = nn.ModuleList(
-            TransformerBlock(
-                c.dim,
-                make_attention(i),
-                FeedForward(c.dim, c.ffn_dim, activation=c.activation, dropout=c.dropout),
-                norm_first=c.norm_first,
-                dropout=c.dropout,
-            )
-            for i in range(c.n_layers)
+        self.blocks = LayerStack(
+            [
+                TransformerBlock(
+                    c.dim,
+                    build_attention(c.attention, dims(i)),
+                    FeedForward(c.dim, c.ffn_dim, activation=c.activation, dropout=c.dropout),
+                    norm_first=c.norm_first,
+                    dropout=c.dropout,
+                )
+                for i in range(c.n_layers)
+            ],
+            recompute=c.recompute,
         )
         self.final_norm = nn.LayerNorm(c.dim) if c.norm_first else nn.Identity()
         self.head = nn.Linear(c.dim, c.vocab_size, bias=False)
@@ -99,24 +115,34 @@ class Transformer(EffiModel):
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
 
-    def encode(self, input_ids: Tensor, *, attention_mask: Tensor | None = None) -> Tensor:
-        """The final hidden states (B, T, D), without the output head (what a sequence
-        classifier on this encoder needs)."""
-        self.check_input_ids(input_ids)
+    def _mask(self, input_ids: Tensor, attention_mask: Tensor | None) -> AttentionMask:
         if attention_mask is not None and attention_mask.shape != input_ids.shape:
             raise ValueError(
                 f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, "
                 f"got {tuple(attention_mask.shape)}"
             )
-        mask = AttentionMask(
+        return AttentionMask(
             causal=self.config.causal,
             key_padding=None if attention_mask is None else attention_mask.to(torch.bool),
         )
+
+    def encode(self, input_ids: Tensor, *, attention_mask: Tensor | None = None) -> ModelOutput:
+        """The final hidden states (B, T, D) with the stack's aux losses and updates, without
+        the output head (what a sequence classifier on this encoder needs)."""
+        self.check_input_ids(input_ids)
+        mask = self._mask(input_ids, attention_mask)
         x = self.embed(input_ids) * self.embed_scale  # (B, T, D)
         x = self.drop(self.pos(x))
-        for block in self.blocks:
-            x = block(x, mask=mask).out
-        return self.final_norm(x)
+        t = input_ids.shape[1]
+        ctx = PrepareContext(
+            tq=t, tk=t, mask=mask, device=x.device, dtype=x.dtype, training=self.training
+        )
+        out = self.blocks(x, mask=mask, ctx=ctx)
+        return ModelOutput(
+            hidden=self.final_norm(out.hidden),
+            aux=prefix_keys(out.aux, "blocks."),
+            updates=prefix_keys(out.updates, "blocks."),
+        )
 
     def forward(
         self,
@@ -128,17 +154,18 @@ class Transformer(EffiModel):
     ) -> ModelOutput:
         if state is not None:
             raise ValueError(f"{type(self).__name__} is stateless; pass state=None")
-        h = self.encode(input_ids, attention_mask=attention_mask)  # (B, T, D)
-        logits = self.head(h)  # (B, T, V)
-        loss = None
+        out = self.encode(input_ids, attention_mask=attention_mask)
+        out.logits = self.head(out.hidden)  # (B, T, V)
         if targets is not None:
             self.check_targets(targets, input_ids)
-            loss = lm_loss(logits, targets)
-        return ModelOutput(logits=logits, loss=loss, hidden=h)
+            out.loss = lm_loss(out.logits, targets)
+        return out
 
     def attention_part(self, x: Tensor) -> Tensor:
         mask = AttentionMask(causal=self.config.causal)
-        return self.blocks[0].attn(x, mask=mask).out
+        t = x.shape[1]
+        ctx = PrepareContext(tq=t, tk=t, mask=mask, device=x.device, dtype=x.dtype, training=True)
+        return self.blocks.attention_part(x, mask=mask, ctx=ctx)
 
 
 def build_vanilla(config: VanillaConfig) -> Transformer:

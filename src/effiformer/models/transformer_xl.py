@@ -52,19 +52,20 @@ Registered: ``xl-tiny``, ``xl-small``, ``xl-enwik8-base``, ``xl-enwik8-large``, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..attention import AttentionMask
-from ..attention.relative_xl import RelativePositions, RelativeXLAttention
+from ..attention import AttentionConfig, AttentionDims, AttentionMask, PrepareContext
+from ..attention.registry import build_attention
+from ..attention.relative_xl import RelativeXLConfig
 from ..config import ConfigError, ModelConfig, replace_config
-from ..layers import FeedForward, TransformerBlock, sinusoid_table
+from ..layers import FeedForward, FIFOMemory, LayerStack, TransformerBlock, prefix_keys
 from ..layers.adaptive import AdaptiveInput, AdaptiveLogSoftmax, check_cutoffs
-from ..layers.memory import update_memory
 from ..registry import build_model, register_family, register_model
 from .base import IGNORE_INDEX, EffiModel, ModelOutput, lm_loss
 
@@ -87,7 +88,9 @@ class XLConfig(ModelConfig):
     paper); ``adaptive``: adaptive input + softmax with ``cutoffs`` and ``div_val``;
     ``embed_dim``: width of the head cluster's embedding (default ``dim``); ``tie_embeddings``:
     softmax weights are the input embeddings; ``tie_projs``: tail projections shared too;
-    ``dropout`` / ``attn_dropout``: ``dropout`` / ``dropatt`` of the official scripts.
+    ``dropout`` / ``attn_dropout``: ``dropout`` / ``dropatt`` of the official scripts;
+    ``attention``: the attention part (default ``relative_xl``, whose ``untie_r``, ``clamp_len``
+    and ``same_length`` mirror this config's fields of the same names: set them here).
     """
 
     family = "xl"
@@ -102,9 +105,18 @@ class XLConfig(ModelConfig):
     embed_dim: int | None = None
     tie_embeddings: bool = True
     tie_projs: bool = True
+    attention: AttentionConfig = field(default_factory=RelativeXLConfig)
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if isinstance(self.attention, RelativeXLConfig):
+            mirrored = dataclasses.replace(
+                self.attention,
+                untie_r=self.untie_r,
+                clamp_len=self.clamp_len,
+                same_length=self.same_length,
+            )
+            object.__setattr__(self, "attention", mirrored)
         if not self.causal:
             raise ConfigError("causal must be True: Transformer-XL is a causal language model")
         if self.dim % 2:
@@ -159,25 +171,18 @@ class TransformerXL(EffiModel):
             c.vocab_size, c.embed_dim, c.dim, cutoffs=c.cutoffs, div_val=c.div_val
         )
         self.drop = nn.Dropout(c.dropout)
-        if c.untie_r:
-            self.register_parameter("u_bias", None)
-            self.register_parameter("v_bias", None)
-        else:  # shared by every layer, passed through positions
-            self.u_bias = nn.Parameter(torch.empty(c.n_heads, c.head_dim))
-            self.v_bias = nn.Parameter(torch.empty(c.n_heads, c.head_dim))
-            nn.init.normal_(self.u_bias, std=0.02)
-            nn.init.normal_(self.v_bias, std=0.02)
-        self.blocks = nn.ModuleList(
-            TransformerBlock(
-                c.dim,
-                RelativeXLAttention(
-                    c.dim, c.n_heads, c.head_dim, dropout=c.attn_dropout, own_biases=c.untie_r
-                ),
-                FeedForward(c.dim, c.ffn_dim, activation="relu", dropout=c.dropout),
-                norm_first=c.norm_first,
-                dropout=c.dropout,
-            )
-            for _ in range(c.n_layers)
+        self.blocks = LayerStack(
+            [
+                TransformerBlock(
+                    c.dim,
+                    build_attention(c.attention, self._dims(i)),
+                    FeedForward(c.dim, c.ffn_dim, activation="relu", dropout=c.dropout),
+                    norm_first=c.norm_first,
+                    dropout=c.dropout,
+                )
+                for i in range(c.n_layers)
+            ],
+            memory=self._memory_policy(),
         )
         self.final_norm = nn.LayerNorm(c.dim) if c.norm_first else nn.Identity()
         for name, p in self.blocks.named_parameters():
@@ -197,70 +202,46 @@ class TransformerXL(EffiModel):
             tie_projs=c.tie_projs,
         )
 
+    def _dims(self, layer: int) -> AttentionDims:
+        c = self.config
+        return AttentionDims(
+            c.dim,
+            c.n_heads,
+            c.head_dim,
+            causal=True,
+            dropout=c.attn_dropout,
+            residual_dropout=c.dropout,
+            layer=layer,
+            n_layers=c.n_layers,
+            max_len=c.seq_len,
+        )
+
+    def _memory_policy(self) -> Any:
+        """Segment recurrence: the FIFO memory of sec. 3.2 (Compressive overrides)."""
+        return FIFOMemory(self.config.mem_len)
+
     # ---- state -------------------------------------------------------------------------------
 
     def _param_dtype(self) -> torch.dtype:
-        return self.blocks[0].attn.q_proj.weight.dtype
+        return next(self.blocks.parameters()).dtype
 
     def init_state(self, batch_size: int, device: torch.device | str | None = None) -> Any:
-        """Zero-length memories: a tuple of n_layers (B, 0, D) tensors."""
-        c = self.config
-        return tuple(
-            torch.zeros(batch_size, 0, c.dim, device=device, dtype=self._param_dtype())
-            for _ in range(c.n_layers)
-        )
-
-    def _check_state(self, state: Any, batch_size: int, ref: Tensor) -> Any:
-        c = self.config
-        if not isinstance(state, (tuple, list)) or len(state) != c.n_layers:
-            raise ValueError(
-                f"state must be a tuple of {c.n_layers} memories (B, M, {c.dim}) from "
-                "init_state() or a previous output's .state"
-            )
-        m = None
-        for i, mem in enumerate(state):
-            if not isinstance(mem, Tensor) or mem.dim() != 3:
-                raise ValueError(f"state[{i}] must be a (B, M, {c.dim}) tensor")
-            if mem.shape[0] != batch_size or mem.shape[2] != c.dim:
-                raise ValueError(
-                    f"state[{i}] must be (B={batch_size}, M, D={c.dim}), got {tuple(mem.shape)}"
-                )
-            if m is not None and mem.shape[1] != m:
-                raise ValueError("every layer's memory in state must have the same length M")
-            if mem.dtype != ref.dtype or mem.device != ref.device:
-                raise ValueError(
-                    f"state[{i}] must be {ref.dtype} on {ref.device}, got {mem.dtype} on "
-                    f"{mem.device}"
-                )
-            m = mem.shape[1]
-        return tuple(state)
+        """The memory policy's first state: zero-length memories, a tuple of n_layers
+        (B, 0, D) tensors (Compressive: zero-filled (memory, compressed memory) pairs)."""
+        return self.blocks.init_state(batch_size, self.config.dim, device, self._param_dtype())
 
     # ---- forward -----------------------------------------------------------------------------
 
-    def _positions(self, klen: int, ref: Tensor) -> RelativePositions:
-        c = self.config
-        dist = torch.arange(klen - 1, -1, -1, device=ref.device)  # (Tk,): klen-1 ... 0
-        if c.clamp_len is not None:
-            dist = dist.clamp(max=c.clamp_len)
-        r = self.drop(sinusoid_table(dist, c.dim).to(ref.dtype))  # (Tk, D)
-        return RelativePositions(
-            r=r,
-            u=self.u_bias,
-            v=self.v_bias,
-            max_distance=c._window() if c.same_length else None,
+    def _context(self, x: Tensor, tk: int) -> PrepareContext:
+        return PrepareContext(
+            tq=x.shape[1],
+            tk=tk,
+            mask=AttentionMask(causal=True),
+            device=x.device,
+            dtype=x.dtype,
+            training=self.training,
+            memory_len=self.blocks.memory.window,
         )
-
-    def _layers(self, x: Tensor, state: Any) -> tuple[Tensor, Any, dict[str, Tensor]]:
-        """x: (B, T, D) embeddings -> (last hidden (B, T, D), next memories, aux losses)."""
-        mlen = state[0].shape[1] if len(state) else 0
-        positions = self._positions(mlen + x.shape[1], x)
-        mask = AttentionMask(causal=True)
-        new_state = []
-        for block, mem in zip(self.blocks, state):
-            new_state.append(update_memory(mem, x, self.config.mem_len))  # from the layer input
-            kv = torch.cat([mem, x], dim=1)  # (B, M + T, D)
-            x = block(x, kv=kv, mask=mask, positions=positions).out
-        return x, tuple(new_state), {}
 
     def forward(
         self, input_ids: Tensor, *, targets: Tensor | None = None, state: Any = None
@@ -268,9 +249,16 @@ class TransformerXL(EffiModel):
         self.check_input_ids(input_ids)
         b = input_ids.shape[0]
         x = self.drop(self.embed(input_ids))  # (B, T, D)
-        state = self.init_state(b, x.device) if state is None else self._check_state(state, b, x)
-        x, new_state, aux = self._layers(x, state)
-        h = self.final_norm(x)  # (B, T, D)
+        if state is None:
+            state = self.init_state(b, x.device)
+        else:
+            state = self.blocks.check_state(state, b, self.config.dim, x)
+        mask = AttentionMask(causal=True)
+        out = self.blocks(x, mask=mask, ctx=self._context(x, x.shape[1]), state=state)
+        new_state = out.state
+        aux = prefix_keys(out.aux, "blocks.")
+        updates = prefix_keys(out.updates, "blocks.")
+        h = self.final_norm(out.hidden)  # (B, T, D)
         hd = self.drop(h).reshape(-1, h.shape[-1])  # (B*T, D)
         logits = loss = None
         if targets is not None:
@@ -285,16 +273,30 @@ class TransformerXL(EffiModel):
             flat = targets.reshape(-1)
             keep = flat != IGNORE_INDEX
             loss = self.softmax.nll(hd[keep], flat[keep]).mean()
-        return ModelOutput(logits=logits, loss=loss, hidden=h, state=new_state, aux=aux)
+        return ModelOutput(
+            logits=logits, loss=loss, hidden=h, state=new_state, aux=aux, updates=updates
+        )
+
+    def relative_positions(self, tk: int, ref: Tensor, layer: int = 0) -> Any:
+        """What layer ``layer``'s attention is prepared with for ``tk`` keys (the relative_xl
+        part: R over the distances tk-1 ... 0, u/v, the same_length window); for tests and
+        inspection."""
+        ctx = PrepareContext(
+            tq=1,
+            tk=tk,
+            mask=AttentionMask(causal=True),
+            device=ref.device,
+            dtype=ref.dtype,
+            training=self.training,
+            memory_len=self.blocks.memory.window,
+        )
+        return self.blocks[layer].attn.prepare(ctx, self.blocks.shared_for(layer))
 
     def attention_part(self, x: Tensor) -> Tensor:
-        """Layer 0's relative attention on x (B, T, D) with no memory -> (B, T, D)."""
-        return (
-            self.blocks[0]
-            .attn(
-                x, kv=x, mask=AttentionMask(causal=True), positions=self._positions(x.shape[1], x)
-            )
-            .out
+        """Layer 0's attention on x (B, T, D) over a full memory (``mem_len`` zero states;
+        Compressive: ``cmem_len + mem_len``), as a segment in a stream sees it -> (B, T, D)."""
+        return self.blocks.attention_part(
+            x, mask=AttentionMask(causal=True), ctx=self._context(x, x.shape[1])
         )
 
 

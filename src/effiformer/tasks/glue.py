@@ -41,6 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from ..data.tokenizer import SubwordTokenizer
+from ..layers import prefix_keys
 from ..layers.heads import SequenceClassificationHead, sequence_classification_loss
 from ..models.base import EffiModel, ModelOutput
 from . import Batch, rank_rows
@@ -489,12 +490,19 @@ class SequenceClassifier(EffiModel):
     ) -> ModelOutput:
         encode = getattr(self.encoder, "encode", None)
         if encode is not None:
-            h = encode(input_ids, attention_mask=attention_mask)  # (B, T, D), no MLM head
+            enc = encode(input_ids, attention_mask=attention_mask)  # hidden (B, T, D), no head
         else:
-            h = self.encoder(input_ids, attention_mask=attention_mask).hidden  # (B, T, D)
+            enc = self.encoder(input_ids, attention_mask=attention_mask)  # hidden (B, T, D)
+        h = enc.hidden
         logits = self.head(h)  # (B, n_labels)
         loss = None if labels is None else sequence_classification_loss(logits, labels)
-        return ModelOutput(logits=logits, loss=loss, hidden=h)
+        return ModelOutput(
+            logits=logits,
+            loss=loss,
+            hidden=h,
+            aux=prefix_keys(enc.aux, "encoder."),
+            updates=prefix_keys(enc.updates, "encoder."),
+        )
 
 
 def classifier_from_pretrained(model: nn.Module, n_labels: int) -> nn.Module:
