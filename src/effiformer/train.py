@@ -78,6 +78,7 @@ __all__ = [
     "train",
     "lr_factor",
     "clip_gradients",
+    "after_optimizer_step",
     "resolve_checkpoint",
     "verify_checkpoint",
     "load_checkpoint",
@@ -198,6 +199,16 @@ def clip_gradients(model: nn.Module, clip: float) -> tuple[float, float | None]:
     if not aux:
         return norm, None
     return norm, float(torch.nn.utils.clip_grad_norm_(aux, clip))
+
+
+def after_optimizer_step(model: nn.Module) -> None:
+    """Call ``after_optimizer_step()`` on every submodule that defines one, after each optimiser
+    step: parameter constraints that are not gradients (Adaptive Span clamps its span
+    parameters to [0, 1] after every step, as the paper does)."""
+    for m in model.modules():
+        hook = getattr(m, "after_optimizer_step", None)
+        if callable(hook):
+            hook()
 
 
 def lr_factor(step: int, *, warmup: int, total: int, min_lr_ratio: float) -> float:
@@ -819,6 +830,7 @@ def _train(model: nn.Module, task: Any, config: TrainConfig, d: _Dist) -> TrainH
                 grad_norm, aux_norm = clip_gradients(module, config.clip)
             optimizer.step()
             scheduler.step()
+            after_optimizer_step(module)
             if apply_updates is not None:
                 avg = _average_updates(updates, d)
                 if avg:

@@ -102,3 +102,33 @@ def test_bad_shapes_are_named():
             kv=torch.randn(1, 3, 16, dtype=torch.float64),
             mask=AttentionMask(causal=True),
         )
+
+
+def test_kv_cache_decoding_equals_the_full_causal_forward():
+    from effiformer.attention import AttentionMask, DenseAttention
+    from effiformer.attention.base import KVCache
+
+    torch.manual_seed(0)
+    m = DenseAttention(16, 2, 8).double().eval()
+    x = torch.randn(2, 7, 16, dtype=torch.float64)
+    full = m(x, mask=AttentionMask(causal=True)).out
+    cache = KVCache.empty(2, 2, 8, dtype=torch.float64)
+    outs = []
+    for t in range(7):  # one token at a time, then a two-token step
+        o = m(x[:, t : t + 1], mask=AttentionMask(causal=True), state=cache)
+        cache = o.state
+        outs.append(o.out)
+    assert cache.length == 7
+    torch.testing.assert_close(torch.cat(outs, 1), full, rtol=1e-12, atol=1e-12)
+    o = m(
+        x[:, 5:],
+        mask=AttentionMask(causal=True),
+        state=KVCache(cache.k[:, :, :5], cache.v[:, :, :5]),
+    )
+    torch.testing.assert_close(o.out, full[:, 5:], rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="key_padding must be"):
+        m(
+            x[:, :1],
+            mask=AttentionMask(causal=True, key_padding=torch.ones(2, 1, dtype=torch.bool)),
+            state=cache,
+        )

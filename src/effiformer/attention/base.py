@@ -57,6 +57,7 @@ __all__ = [
     "AttentionMask",
     "AttentionOutput",
     "AttentionPart",
+    "KVCache",
     "PrepareContext",
     "check_attention_inputs",
     "dense_bool_mask",
@@ -120,10 +121,36 @@ class AttentionOutput:
     updates: dict[str, Tensor] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class KVCache:
+    """A decoding cache: the projected keys and values so far, (B, H, T, Dh) each.
+
+    An attention part that supports incremental decoding takes ``state=KVCache`` (start from
+    :meth:`empty`), attends over ``cache ++ new`` keys (queries aligned to the last ``Tq`` keys,
+    as every causal mask here) and returns the longer cache in ``AttentionOutput.state``.
+    """
+
+    k: Tensor
+    v: Tensor
+
+    @classmethod
+    def empty(cls, batch: int, n_heads: int, head_dim: int, *, device=None, dtype=None) -> KVCache:
+        z = torch.zeros(batch, n_heads, 0, head_dim, device=device, dtype=dtype)
+        return cls(z, z)
+
+    @property
+    def length(self) -> int:
+        return self.k.shape[2]
+
+    def extend(self, k: Tensor, v: Tensor) -> KVCache:
+        return KVCache(torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2))
+
+
 def check_attention_inputs(
-    x: Tensor, kv: Tensor | None, dim: int, mask: AttentionMask | None
+    x: Tensor, kv: Tensor | None, dim: int, mask: AttentionMask | None, *, past: int = 0
 ) -> None:
-    """Validate shapes at the attention boundary with errors that name the argument."""
+    """Validate shapes at the attention boundary with errors that name the argument. ``past``:
+    keys already in a decoding cache (they count towards Tk)."""
     if x.dim() != 3 or x.shape[-1] != dim:
         raise ValueError(f"attention input x must be (B, Tq, {dim}), got {tuple(x.shape)}")
     if kv is not None:
@@ -133,7 +160,7 @@ def check_attention_inputs(
             )
         if kv.dtype != x.dtype:
             raise ValueError(f"x and kv must share a dtype, got {x.dtype} and {kv.dtype}")
-    tk = (kv if kv is not None else x).shape[1]
+    tk = (kv if kv is not None else x).shape[1] + past
     if mask is not None and mask.key_padding is not None:
         kp = mask.key_padding
         if kp.shape != (x.shape[0], tk):
@@ -250,6 +277,9 @@ class AttentionPart(nn.Module):
         """Computed once per forward for this layer's group; handed to ``forward`` as
         ``positions``. Default: nothing to prepare."""
         return None
+
+    # A part may define ``after_optimizer_step(self) -> None``: the trainer calls it on every
+    # module after each optimiser step (parameter constraints such as Adaptive Span's clamp).
 
     def memory_len(self, configured: int) -> int:
         """How many past states this layer's memory keeps, given the model's configured

@@ -17,6 +17,7 @@ from .base import (
     AttentionMask,
     AttentionOutput,
     AttentionPart,
+    KVCache,
     check_attention_inputs,
     reference_attention,
 )
@@ -88,23 +89,36 @@ class DenseAttention(AttentionPart):
         *,
         kv: Tensor | None = None,
         mask: AttentionMask | None = None,
-        state: None = None,
+        state: KVCache | None = None,
         positions: None = None,
     ) -> AttentionOutput:
-        """x: (B, Tq, D); kv: (B, Tk, D) or None -> out (B, Tq, D). Dense attention is stateless."""
-        check_attention_inputs(x, kv, self.dim, mask)
-        if state is not None:
-            raise ValueError("DenseAttention takes no state; pass state=None")
+        """x: (B, Tq, D); kv: (B, Tk, D) or None -> out (B, Tq, D).
+
+        ``state``: a :class:`~effiformer.attention.base.KVCache` for incremental decoding
+        (self-attention only): the new keys/values are appended to it, the queries attend over
+        ``cache ++ new`` (a causal mask aligns them to the last keys; ``mask.key_padding``, if
+        any, covers all of them) and the longer cache is returned as ``.state``."""
+        if state is not None and not isinstance(state, KVCache):
+            raise ValueError(
+                f"DenseAttention's state is a KVCache or None, got {type(state).__name__}"
+            )
+        if state is not None and kv is not None:
+            raise ValueError("a KVCache is for self-attention decoding; pass kv=None with state")
+        check_attention_inputs(x, kv, self.dim, mask, past=0 if state is None else state.length)
         src = x if kv is None else kv
         q, k, v = (
             self._heads(self.q_proj(x)),
             self._heads(self.k_proj(src)),
             self._heads(self.v_proj(src)),
         )
+        new_state = None
+        if state is not None:
+            new_state = state.extend(k, v)
+            k, v = new_state.k, new_state.v  # (B, H, Tpast + Tq, Dh)
         p = self.dropout if self.training else 0.0
         o = sdpa(q, k, v, mask, p)  # (B, H, Tq, Dh)
         o = o.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1)  # (B, Tq, H*Dh)
-        return AttentionOutput(out=self.o_proj(o))
+        return AttentionOutput(out=self.o_proj(o), state=new_state)
 
 
 register_attention(

@@ -173,10 +173,13 @@ class LayerStack(nn.Module):
         ctx: PrepareContext,
         state: Any = None,
         first: LayerCall | None = None,
+        block_kwargs: dict[str, Any] | None = None,
     ) -> StackOutput:
         """x: (B, Tq, D) -> :class:`StackOutput`. ``ctx`` describes this forward for
         ``prepare`` (its ``tk`` is replaced per layer by the key length the memory gives);
-        ``state``: per-block memories (with a memory policy) or attention states."""
+        ``state``: per-block memories (with a memory policy) or attention states (decoding
+        caches); ``block_kwargs``: extra keyword arguments every block receives (a decoder
+        block's encoder output and its padding mask)."""
         if state is not None and len(state) != self._n:
             raise ValueError(f"state must hold one entry per block ({self._n}), got {len(state)}")
         collect = self.training
@@ -205,7 +208,7 @@ class LayerStack(nn.Module):
                     mem, layer_aux = self.memory.update(
                         i, block, x, kv, mem, mask=mask_i, positions=positions
                     )
-                out = self._run(block, x, kv, mask_i, attn_state, positions)
+                out = self._run(block, x, kv, mask_i, attn_state, positions, block_kwargs or {})
                 x = out.out
                 if self.memory is None:
                     attn_state = out.state
@@ -225,12 +228,12 @@ class LayerStack(nn.Module):
             updates=updates,
         )
 
-    def _run(self, block, x, kv, mask, attn_state, positions):
+    def _run(self, block, x, kv, mask, attn_state, positions, extra):
         if not (self.recompute and self.training and torch.is_grad_enabled()):
-            return block(x, kv=kv, mask=mask, state=attn_state, positions=positions)
+            return block(x, kv=kv, mask=mask, state=attn_state, positions=positions, **extra)
 
         def fn(x_: Tensor, kv_: Tensor | None):
-            return block(x_, kv=kv_, mask=mask, state=attn_state, positions=positions)
+            return block(x_, kv=kv_, mask=mask, state=attn_state, positions=positions, **extra)
 
         return checkpoint(fn, x, kv, use_reentrant=False)
 
