@@ -1,0 +1,252 @@
+"""Local (chunked) attention: each query attends to its own chunk and its neighbours.
+
+The sequence is cut into chunks of ``window`` tokens; queries of chunk ``n`` attend to the keys
+of chunks ``n - look_backward ... n + look_forward``, under the causal mask on original
+positions when the model is causal. This is the companion layer of the Reformer (Kitaev, Kaiser,
+Levskaya 2020, arXiv 2001.04451, sec. 3 and the enwik8 recipe's local layers: a chunk attends to
+itself and the previous chunk) and the local heads of the Routing Transformer (Roy, Saffar,
+Vaswani, Grangier 2020, arXiv 2003.05997, sec. 4: "local attention ... own block causally plus the
+previous block"). It is also what the public ``local-attention`` package computes
+(``window_size``, ``look_backward``, ``look_forward``).
+
+Cost: O(T * window * (1 + look_backward + look_forward)) time and memory per head, never
+O(T^2): the keys of each chunk's neighbourhood are gathered as a (chunks, (1 + b + f) * window)
+tile and one fused SDPA call handles every chunk.
+
+Deviations / choices: a sequence that is not a multiple of ``window`` is padded at the end (the
+padded keys are masked, the padded queries dropped); the neighbours of the first/last chunks that
+do not exist are masked, not wrapped around. ``look_forward`` defaults to 0 for causal models and
+1 for bidirectional ones (the package's defaults).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..config import AttentionConfig, ConfigError
+from .base import (
+    AttentionDims,
+    AttentionMask,
+    AttentionOutput,
+    AttentionPart,
+    PrepareContext,
+    check_attention_inputs,
+)
+from .registry import register_attention
+
+__all__ = ["LocalConfig", "LocalAttention", "local_attention", "LocalPlan"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalConfig(AttentionConfig):
+    """``window``: chunk length; ``look_backward`` / ``look_forward``: neighbouring chunks each
+    chunk attends to (``look_forward=None``: 0 when causal, 1 when bidirectional); ``bias``:
+    biases on the Q, K, V, O projections."""
+
+    name = "local"
+
+    window: int = 256
+    look_backward: int = 1
+    look_forward: int | None = None
+    bias: bool = True
+
+    def __post_init__(self) -> None:
+        self._check_positive("window")
+        if isinstance(self.look_backward, bool) or self.look_backward < 0:
+            raise ConfigError(f"attention.look_backward must be >= 0, got {self.look_backward!r}")
+        if self.look_forward is not None and (
+            isinstance(self.look_forward, bool) or self.look_forward < 0
+        ):
+            raise ConfigError(
+                f"attention.look_forward must be None or >= 0, got {self.look_forward!r}"
+            )
+
+
+@dataclass(frozen=True)
+class LocalPlan:
+    """What one forward's local attention shares across layers (built in ``prepare``).
+
+    window / n_chunks / padded: chunk length, number of chunks, T rounded up to chunks;
+    offsets: the chunk offsets each chunk attends to (``-look_backward .. look_forward``);
+    keep: (n_chunks, window, len(offsets) * window) bool, causal and range mask on original
+    positions (padding added per call).
+    """
+
+    window: int
+    n_chunks: int
+    padded: int
+    offsets: tuple[int, ...]
+    keep: Tensor
+
+
+def make_plan(
+    t: int, window: int, look_backward: int, look_forward: int, *, causal: bool, device=None
+) -> LocalPlan:
+    w = min(window, t) if t > 0 else window
+    n = -(-t // w)
+    offsets = tuple(range(-look_backward, look_forward + 1))
+    qpos = torch.arange(n * w, device=device).view(n, w)  # (n, w) query positions
+    kpos = torch.stack(
+        [torch.arange(n * w, device=device).view(n, w).roll(-o, 0) for o in offsets], 1
+    )  # (n, len(offsets), w): positions of each neighbour chunk
+    chunk = torch.arange(n, device=device)[:, None] + torch.tensor(offsets, device=device)[None]
+    exists = (chunk >= 0) & (chunk < n)  # (n, len(offsets))
+    kpos = kpos.reshape(n, -1)  # (n, K)
+    valid = exists[:, :, None].expand(n, len(offsets), w).reshape(n, -1) & (kpos < t)  # (n, K)
+    keep = valid[:, None, :].expand(n, w, kpos.shape[1])  # (n, w, K)
+    if causal:
+        keep = keep & (kpos[:, None, :] <= qpos[:, :, None])
+    return LocalPlan(w, n, n * w, offsets, keep.contiguous())
+
+
+def _neighbours(t: Tensor, offsets: tuple[int, ...]) -> Tensor:
+    """(B, n, H, w, Dh) chunks -> (B, n, H, len(offsets) * w, Dh): each chunk's neighbours
+    (chunk n + o for every offset o; missing chunks are zeros, masked by the plan)."""
+    parts = []
+    n = t.shape[1]
+    for o in offsets:
+        if o == 0:
+            parts.append(t)
+        elif o < 0:
+            parts.append(F.pad(t, (0, 0, 0, 0, 0, 0, -o, 0))[:, :n])
+        else:
+            parts.append(F.pad(t, (0, 0, 0, 0, 0, 0, 0, o))[:, o:])
+    return torch.cat(parts, dim=3)
+
+
+def local_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    plan: LocalPlan,
+    *,
+    key_padding: Tensor | None = None,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+) -> Tensor:
+    """Chunked attention over (B, T, H, Dh) queries, keys and values -> (B, T, H, Dh).
+
+    ``key_padding``: (B, T) bool, True = real token. A query with no visible key (a padded query
+    whose whole neighbourhood is padding) attends to itself alone.
+    """
+    b, t, h, dh = q.shape
+    w, n, tp = plan.window, plan.n_chunks, plan.padded
+    pad = tp - t
+
+    def chunks(x: Tensor) -> Tensor:
+        if pad:
+            x = F.pad(x, (0, 0, 0, 0, 0, pad))
+        return x.view(b, n, w, h, dh).transpose(2, 3)  # (B, n, H, w, Dh)
+
+    qc, kc, vc = chunks(q), chunks(k), chunks(v)
+    kn, vn = _neighbours(kc, plan.offsets), _neighbours(vc, plan.offsets)  # (B, n, H, K, Dh)
+    keep = plan.keep[None, :, None]  # (1, n, 1, w, K)
+    if key_padding is not None:
+        kp = F.pad(key_padding.to(torch.bool), (0, pad)).view(b, n, 1, w)  # (B, n, 1, w)
+        kp = _neighbours(kp[..., None], plan.offsets)[..., 0]  # (B, n, 1, K)
+        keep = keep & kp[:, :, :, None, :]  # (B, n, 1, w, K)
+    kk = kn.shape[3]
+    keep4 = keep.expand(b, n, 1, w, kk).reshape(b * n, 1, w, kk)
+    if key_padding is not None:
+        # A query whose whole neighbourhood is padding (a padded query) attends to itself, so no
+        # row is empty (an empty row would give NaN outputs and NaN gradients).
+        empty = ~keep4.any(-1)  # (B*n, 1, w)
+        if bool(empty.any()):
+            own = plan.offsets.index(0) * w + torch.arange(w, device=q.device)  # (w,)
+            diag = torch.zeros_like(keep4)
+            diag[..., torch.arange(w, device=q.device), own] = True
+            keep4 = keep4 | (diag & empty[..., None])
+    o = F.scaled_dot_product_attention(
+        qc.reshape(b * n, h, w, dh),
+        kn.reshape(b * n, h, kk, dh),
+        vn.reshape(b * n, h, kk, dh),
+        attn_mask=keep4,
+        dropout_p=dropout_p,
+        scale=scale,
+    )  # (B*n, H, w, Dh)
+    o = o.view(b, n, h, w, dh).transpose(2, 3).reshape(b, tp, h, dh)  # (B, Tp, H, Dh)
+    return o[:, :t]
+
+
+class LocalAttention(AttentionPart):
+    """Multi-head local attention with Q, K, V, O projections (see the module docstring)."""
+
+    def __init__(self, config: LocalConfig, dims: AttentionDims) -> None:
+        super().__init__()
+        self.config, self.dims = config, dims
+        d, inner = dims.dim, dims.inner_dim
+        self.q_proj = nn.Linear(d, inner, bias=config.bias)
+        self.k_proj = nn.Linear(d, inner, bias=config.bias)
+        self.v_proj = nn.Linear(d, inner, bias=config.bias)
+        self.o_proj = nn.Linear(inner, d, bias=config.bias)
+
+    @property
+    def look_forward(self) -> int:
+        lf = self.config.look_forward
+        return (0 if self.dims.causal else 1) if lf is None else lf
+
+    def prepare(self, ctx: PrepareContext, shared: nn.Module | None) -> LocalPlan:
+        if ctx.tq != ctx.tk:
+            raise ValueError(
+                f"local attention is self-attention over one sequence (Tq = Tk), got "
+                f"Tq={ctx.tq}, Tk={ctx.tk}"
+            )
+        return make_plan(
+            ctx.tk,
+            self.config.window,
+            self.config.look_backward,
+            self.look_forward,
+            causal=ctx.mask.causal,
+            device=ctx.device,
+        )
+
+    @classmethod
+    def example_config(cls, config: LocalConfig, seq_len: int) -> LocalConfig:
+        return LocalConfig(window=max(1, seq_len // 4 - 3), bias=config.bias)  # 13 at T=64
+
+    @classmethod
+    def degenerate_config(cls, config: LocalConfig, seq_len: int) -> LocalConfig:
+        return LocalConfig(window=seq_len, look_backward=0, look_forward=0, bias=config.bias)
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        kv: Tensor | None = None,
+        mask: AttentionMask | None = None,
+        state: None = None,
+        positions: LocalPlan | None = None,
+    ) -> AttentionOutput:
+        """x: (B, T, D) -> out (B, T, D); ``positions``: the :class:`LocalPlan` from prepare."""
+        check_attention_inputs(x, kv, self.dims.dim, mask)
+        if kv is not None or state is not None:
+            raise ValueError("local attention takes neither kv nor state (self-attention only)")
+        if mask is not None and mask.causal != self.dims.causal:
+            raise ValueError(
+                f"this local attention was built for causal={self.dims.causal}, got a mask with "
+                f"causal={mask.causal}"
+            )
+        if not isinstance(positions, LocalPlan) or positions.padded < x.shape[1]:
+            raise ValueError("local attention needs positions=LocalPlan from its prepare()")
+        b, t, _ = x.shape
+        h, dh = self.dims.n_heads, self.dims.head_dim
+        q = self.q_proj(x).view(b, t, h, dh)  # (B, T, H, Dh)
+        k = self.k_proj(x).view(b, t, h, dh)
+        v = self.v_proj(x).view(b, t, h, dh)
+        p = self.dims.dropout if self.training else 0.0
+        o = local_attention(
+            q, k, v, positions, key_padding=None if mask is None else mask.key_padding, dropout_p=p
+        )
+        return AttentionOutput(out=self.o_proj(o.reshape(b, t, h * dh)))
+
+
+register_attention(
+    "local",
+    LocalConfig,
+    LocalAttention,
+    description="chunked local attention: own chunk and its neighbours (Reformer, Routing)",
+)
