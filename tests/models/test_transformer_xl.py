@@ -10,7 +10,7 @@ from torch.testing import assert_close
 from effiformer import ConfigError, create_model, load_model, save_model
 from effiformer.attention.relative_xl import relative_keep_mask
 from effiformer.models.base import IGNORE_INDEX
-from effiformer.models.transformer_xl import TransformerXL, XLConfig, generate, reconfigure
+from effiformer.models.transformer_xl import TransformerXL, XLConfig, reconfigure
 
 
 @pytest.fixture(autouse=True)
@@ -173,7 +173,7 @@ def test_reconfigure_longer_memory_shorter_segments_same_weights(tmp_path):
 def test_generation_with_memory_matches_full_recomputation():
     m = _model(mem_len=32, seq_len=8)
     prompt = _ids(1, 5)
-    ids, state = generate(m, prompt, 10, temperature=0)
+    ids, state = m.generate(prompt, 10, temperature=0, return_state=True)
     assert ids.shape == (1, 15) and torch.equal(ids[:, :5], prompt)
     assert state[0].shape == (1, 14, 32)  # every token but the last one fed back
     # greedy continuation by recomputing the whole context (memory covers it) agrees
@@ -300,5 +300,5 @@ def test_cuda_matches_cpu_and_runs_under_bf16(name):
         out = gpu(ids.cuda(), targets=ids.cuda(), state=b1.state)
     out.total_loss.backward()
     assert torch.isfinite(out.loss)
-    ids_out, _ = generate(gpu.eval(), ids[:1].cuda(), 4, temperature=0)
+    ids_out = gpu.eval().generate(ids[:1].cuda(), 4, temperature=0)
     assert ids_out.shape == (1, 20)

@@ -149,7 +149,10 @@ class LayerStack(nn.Module):
         if self.memory is not None:
             return self.memory.check_state(state, self._n, batch, dim, ref)
         if not isinstance(state, (tuple, list)) or len(state) != self._n:
-            raise ValueError(f"state must be a tuple of {self._n} per-layer states")
+            raise ValueError(
+                f"state must be a tuple of {self._n} per-layer states from "
+                "init_decoding_state() or a previous output's .state"
+            )
         return tuple(state)
 
     # ---- forward ---------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import ModelConfig
+from ..sampling import check_sampling, sample_next
 
 __all__ = ["ModelOutput", "EffiModel", "lm_loss", "IGNORE_INDEX"]
 
@@ -121,3 +122,97 @@ class EffiModel(nn.Module):
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+    # ---- generation ----------------------------------------------------------------------------
+
+    def init_decoding_state(self, batch_size: int, device: torch.device | str | None = None) -> Any:
+        """The state incremental decoding starts from (a memory, or per-layer KV caches), or
+        ``None`` when this model can only recompute its window for every new token. Default:
+        the recurrent state (:meth:`init_state`)."""
+        return self.init_state(batch_size, device)
+
+    def decoding_room(self, state: Any) -> int | None:
+        """How many more tokens ``state`` can take before it must be rebuilt (``None``:
+        unbounded, e.g. a fixed-size recurrent memory)."""
+        return None
+
+    @torch.no_grad()
+    def generate(
+        self,
+        input_ids: Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        generator: torch.Generator | None = None,
+        state: Any = None,
+        return_state: bool = False,
+    ) -> Tensor | tuple[Tensor, Any]:
+        """Sample ``max_new_tokens`` after the prompt ``input_ids`` (B, T) -> (B, T + new).
+
+        Causal language models only. The model runs in eval mode (dropout off) and is put back
+        in its mode afterwards. With incremental decoding (:meth:`init_decoding_state`:
+        Transformer-XL/Compressive memories, dense KV caches) the prompt is fed in segments of at
+        most ``seq_len`` tokens and then every new token is one step against the state, so the
+        cost per token does not grow with the output; a KV cache that reaches ``seq_len`` is
+        rebuilt from the last ``seq_len // 2`` tokens (the model sees at most ``seq_len`` tokens,
+        as in training). Models without incremental decoding recompute their last ``seq_len``
+        tokens for every new one. ``temperature=0`` decodes greedily; ``top_k`` / ``top_p``
+        filter the distribution (:func:`effiformer.sampling.sample_next`). ``state``: continue
+        a stream (memory models); ``return_state``: also return the final state.
+        """
+        config = self.config
+        if not getattr(config, "causal", False):
+            raise ValueError(
+                f"generate needs a causal language model; this {config.family!r} model is "
+                "bidirectional (causal=False)"
+            )
+        if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or input_ids.shape[1] < 1:
+            raise ValueError("input_ids must be a (B, T) integer tensor with T >= 1")
+        check_sampling(max_new_tokens, temperature, top_k, top_p)
+        self.check_input_ids(input_ids, max_len=max(config.seq_len, input_ids.shape[1]))
+
+        def pick(logits: Tensor) -> Tensor:
+            return sample_next(
+                logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
+            )[:, None]  # (B, 1)
+
+        was_training = self.training
+        self.eval()
+        try:
+            b, device = input_ids.shape[0], input_ids.device
+            ids = input_ids
+            if state is None:
+                state = self.init_decoding_state(b, device)
+            if state is None:  # recompute the window for every token
+                for _ in range(max_new_tokens):
+                    logits = self(ids[:, -config.seq_len :]).logits
+                    ids = torch.cat([ids, pick(logits[:, -1])], dim=1)
+                return (ids, None) if return_state else ids
+
+            def prefill(tokens: Tensor, st: Any) -> tuple[Tensor, Any]:
+                out = None
+                for start in range(0, tokens.shape[1], config.seq_len):
+                    out = self(tokens[:, start : start + config.seq_len], state=st)
+                    st = out.state
+                return out.logits[:, -1], st
+
+            prompt = ids
+            if self.decoding_room(state) is not None:
+                prompt = ids[:, -config.seq_len :]
+            logits, state = prefill(prompt, state)
+            for i in range(max_new_tokens):
+                ids = torch.cat([ids, pick(logits)], dim=1)
+                if i + 1 == max_new_tokens:
+                    break
+                room = self.decoding_room(state)
+                if room is not None and room < 1:
+                    keep = max(1, config.seq_len // 2)
+                    logits, state = prefill(ids[:, -keep:], self.init_decoding_state(b, device))
+                    continue
+                out = self(ids[:, -1:], state=state)
+                logits, state = out.logits[:, -1], out.state
+            return (ids, state) if return_state else ids
+        finally:
+            self.train(was_training)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -115,31 +116,42 @@ class Transformer(EffiModel):
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
 
-    def _mask(self, input_ids: Tensor, attention_mask: Tensor | None) -> AttentionMask:
-        if attention_mask is not None and attention_mask.shape != input_ids.shape:
+    def encode(
+        self, input_ids: Tensor, *, attention_mask: Tensor | None = None, state: Any = None
+    ) -> ModelOutput:
+        """The final hidden states (B, T, D) with the stack's aux losses and updates, without
+        the output head (what a sequence classifier on this encoder needs). ``state``: per-layer
+        decoding caches (:meth:`init_decoding_state`); the new tokens then sit at positions
+        ``cache length ...`` and ``attention_mask``, if given, covers cache and new tokens."""
+        self.check_input_ids(input_ids)
+        b, t = input_ids.shape
+        past = 0
+        if state is not None:
+            state = self.blocks.check_state(state, b, self.config.dim, input_ids)
+            past = getattr(state[0], "length", 0)
+            if past + t > self.config.seq_len:
+                raise ValueError(
+                    f"the cache holds {past} tokens and {t} more exceed seq_len="
+                    f"{self.config.seq_len}; rebuild the cache from a shorter context"
+                )
+        if attention_mask is not None and attention_mask.shape != (b, past + t):
             raise ValueError(
-                f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, "
-                f"got {tuple(attention_mask.shape)}"
+                f"attention_mask must be (B={b}, {past + t}) (cache and new tokens), got "
+                f"{tuple(attention_mask.shape)}"
             )
-        return AttentionMask(
+        mask = AttentionMask(
             causal=self.config.causal,
             key_padding=None if attention_mask is None else attention_mask.to(torch.bool),
         )
-
-    def encode(self, input_ids: Tensor, *, attention_mask: Tensor | None = None) -> ModelOutput:
-        """The final hidden states (B, T, D) with the stack's aux losses and updates, without
-        the output head (what a sequence classifier on this encoder needs)."""
-        self.check_input_ids(input_ids)
-        mask = self._mask(input_ids, attention_mask)
         x = self.embed(input_ids) * self.embed_scale  # (B, T, D)
-        x = self.drop(self.pos(x))
-        t = input_ids.shape[1]
+        x = self.drop(self.pos(x, offset=past))
         ctx = PrepareContext(
-            tq=t, tk=t, mask=mask, device=x.device, dtype=x.dtype, training=self.training
+            tq=t, tk=past + t, mask=mask, device=x.device, dtype=x.dtype, training=self.training
         )
-        out = self.blocks(x, mask=mask, ctx=ctx)
+        out = self.blocks(x, mask=mask, ctx=ctx, state=state)
         return ModelOutput(
             hidden=self.final_norm(out.hidden),
+            state=out.state,
             aux=prefix_keys(out.aux, "blocks."),
             updates=prefix_keys(out.updates, "blocks."),
         )
@@ -150,16 +162,26 @@ class Transformer(EffiModel):
         *,
         targets: Tensor | None = None,
         attention_mask: Tensor | None = None,
-        state: None = None,
+        state: Any = None,
     ) -> ModelOutput:
-        if state is not None:
-            raise ValueError(f"{type(self).__name__} is stateless; pass state=None")
-        out = self.encode(input_ids, attention_mask=attention_mask)
+        out = self.encode(input_ids, attention_mask=attention_mask, state=state)
         out.logits = self.head(out.hidden)  # (B, T, V)
         if targets is not None:
             self.check_targets(targets, input_ids)
             out.loss = lm_loss(out.logits, targets)
         return out
+
+    def init_decoding_state(self, batch_size: int, device: Any = None) -> Any:
+        """Per-layer KV caches when every layer's attention keeps one (dense does), else
+        ``None`` (generation then recomputes the window for every token)."""
+        attns = [block.attn for block in self.blocks]
+        if not self.config.causal or not all(hasattr(a, "init_cache") for a in attns):
+            return None
+        dtype = next(self.parameters()).dtype
+        return tuple(a.init_cache(batch_size, device=device, dtype=dtype) for a in attns)
+
+    def decoding_room(self, state: Any) -> int | None:
+        return self.config.seq_len - getattr(state[0], "length", 0)
 
     def attention_part(self, x: Tensor) -> Tensor:
         mask = AttentionMask(causal=self.config.causal)

@@ -32,8 +32,9 @@ Implemented:
 - Evaluation with a longer memory and shorter segments than training: ``mem_len``, ``seq_len``,
   ``clamp_len``, ``same_length`` and the dropouts change no weights; :func:`reconfigure` builds the
   same model with other values of those fields and loads the same state dict.
-- Generation with memory (:func:`generate`): the prompt is fed as segments, then every new token
-  is a 1-token segment against the memory, so the cost per token depends on ``mem_len`` only.
+- Generation with memory (:meth:`~effiformer.models.base.EffiModel.generate`): the prompt is
+  fed as segments, then every new token is a 1-token segment against the memory, so the cost per
+  token depends on ``mem_len`` only.
 
 Output: ``ModelOutput(logits, loss, hidden, state, aux={})``. ``loss`` is the mean negative
 log-likelihood in nats per target token (targets equal to -100 are ignored). Without adaptive
@@ -57,7 +58,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention import AttentionConfig, AttentionDims, AttentionMask, PrepareContext
@@ -69,7 +69,7 @@ from ..layers.adaptive import AdaptiveInput, AdaptiveLogSoftmax, check_cutoffs
 from ..registry import build_model, register_family, register_model
 from .base import IGNORE_INDEX, EffiModel, ModelOutput, lm_loss
 
-__all__ = ["XLConfig", "TransformerXL", "build_xl", "generate", "reconfigure", "RUNTIME_FIELDS"]
+__all__ = ["XLConfig", "TransformerXL", "build_xl", "reconfigure", "RUNTIME_FIELDS"]
 
 #: Config fields that change no weight: a trained model can be rebuilt with other values.
 RUNTIME_FIELDS = frozenset(
@@ -327,62 +327,6 @@ def reconfigure(model: TransformerXL, **overrides: Any) -> TransformerXL:
     new.load_state_dict(model.state_dict(), strict=True)
     new.train(model.training)
     return new
-
-
-def _sample(logits: Tensor, temperature: float, top_k: int | None, generator: Any) -> Tensor:
-    """(B, V) -> (B,) token ids; temperature 0 = greedy."""
-    if temperature == 0:
-        return logits.argmax(-1)
-    logits = logits.float() / temperature
-    if top_k is not None:
-        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = F.softmax(logits, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
-
-
-@torch.no_grad()
-def generate(
-    model: EffiModel,
-    prompt_ids: Tensor,
-    max_new_tokens: int,
-    *,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    generator: torch.Generator | None = None,
-    state: Any = None,
-) -> tuple[Tensor, Any]:
-    """Sample ``max_new_tokens`` after ``prompt_ids`` (B, T) with a recurrent-memory model.
-
-    The prompt is fed in segments of at most ``config.seq_len`` tokens; then every new token is
-    processed as a 1-token segment against the memory, so the cost per token is set by
-    ``mem_len`` (use ``reconfigure(model, mem_len=...)`` for the context you want), not by how
-    much has been generated. Put the model in eval mode first. Returns ``(ids (B, T + new),
-    final state)``; ``temperature=0`` decodes greedily.
-    """
-    if not isinstance(prompt_ids, Tensor) or prompt_ids.dim() != 2 or prompt_ids.shape[1] < 1:
-        raise ValueError("prompt_ids must be a (B, T) integer tensor with T >= 1")
-    if (
-        isinstance(max_new_tokens, bool)
-        or not isinstance(max_new_tokens, int)
-        or max_new_tokens < 0
-    ):
-        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    seg = model.config.seq_len
-    out = None
-    for start in range(0, prompt_ids.shape[1], seg):
-        out = model(prompt_ids[:, start : start + seg], state=state)
-        state = out.state
-    ids = [prompt_ids]
-    for i in range(max_new_tokens):
-        nxt = _sample(out.logits[:, -1], temperature, top_k, generator)  # (B,)
-        ids.append(nxt[:, None])
-        if i + 1 < max_new_tokens:
-            out = model(nxt[:, None], state=state)
-            state = out.state
-    return torch.cat(ids, dim=1), state
 
 
 register_family(XLConfig, build_xl)
