@@ -79,3 +79,9 @@ def test_top_k_and_top_p_keep_only_the_allowed_tokens():
     seen_p2 = {int(sample_next(logits, top_p=0.81, generator=g)) for _ in range(300)}
     assert seen_k == {0, 1} and seen_p == {0, 1} and seen_p2 == {0, 1, 2}
     assert int(sample_next(logits, temperature=0)) == 0
+
+
+@pytest.mark.parametrize("name", ["vanilla-tiny", "xl-tiny", "funnel-tiny"])
+def test_an_empty_input_gets_a_named_error(name):
+    with pytest.raises(ValueError, match="input_ids is empty"):
+        create_model(name)(torch.zeros(1, 0, dtype=torch.long))

@@ -64,6 +64,11 @@ class EffiModel(nn.Module):
             )
         if input_ids.dtype not in (torch.int64, torch.int32):
             raise TypeError(f"input_ids must be an integer tensor (int64), got {input_ids.dtype}")
+        if input_ids.shape[1] == 0 or input_ids.shape[0] == 0:
+            raise ValueError(
+                f"input_ids is empty (shape {tuple(input_ids.shape)}); give at least one row "
+                "and one token"
+            )
         limit = self.config.seq_len if max_len is None else max_len
         if input_ids.shape[1] > limit:
             raise ValueError(
