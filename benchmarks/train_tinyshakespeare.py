@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from effiformer import create_model, get_config
-from effiformer.benchmark import environment
+from effiformer.bench import environment
 from effiformer.config import parse_overrides
 from effiformer.data import load_corpus
 from effiformer.tasks import LMTask

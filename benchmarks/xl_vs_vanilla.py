@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from effiformer import create_model, get_config, save_model
-from effiformer.benchmark import environment
+from effiformer.bench import environment
 from effiformer.config import parse_overrides
 from effiformer.data import load_corpus
 from effiformer.models.transformer_xl import reconfigure

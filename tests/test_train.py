@@ -15,23 +15,22 @@ import pytest
 import torch
 from torch import nn
 
+import effiformer.checkpoint as checkpoint_mod
 import effiformer.train as train_mod
 from effiformer import create_model
-from effiformer.checkpoint import CheckpointError
+from effiformer.checkpoint import (
+    LATEST,
+    CheckpointError,
+    load_checkpoint,
+    resolve_checkpoint,
+    verify_checkpoint,
+)
 from effiformer.cli import main as cli_main
 from effiformer.config import ModelConfig
 from effiformer.data import read_text
 from effiformer.models.base import EffiModel, ModelOutput, lm_loss
 from effiformer.tasks import LMTask
-from effiformer.train import (
-    LATEST,
-    TrainConfig,
-    load_checkpoint,
-    lr_factor,
-    resolve_checkpoint,
-    train,
-    verify_checkpoint,
-)
+from effiformer.train import TrainConfig, lr_factor, train
 
 SEQ = 16
 
@@ -287,7 +286,7 @@ def _rehash(ckpt: Path) -> None:
     meta = json.loads((ckpt / "meta.json").read_text())
     for name in meta["files"]:
         p = ckpt / name
-        meta["files"][name] = {"bytes": p.stat().st_size, "sha256": train_mod._sha256(p)}
+        meta["files"][name] = {"bytes": p.stat().st_size, "sha256": checkpoint_mod._sha256(p)}
     (ckpt / "meta.json").write_text(json.dumps(meta))
 
 

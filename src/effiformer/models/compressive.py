@@ -69,6 +69,7 @@ from ..config import ConfigError
 from ..layers import TransformerBlock
 from ..layers.compression import COMPRESSIONS, build_compression
 from ..layers.memory import push_and_evict
+from ..recipes import COMPRESSIVE_RECIPE, register_recipe
 from ..registry import register_family, register_model
 from .transformer_xl import RUNTIME_FIELDS, TransformerXL, XLConfig
 
@@ -225,6 +226,7 @@ def build_compressive(config: CompressiveConfig) -> CompressiveTransformer:
 
 
 register_family(CompressiveConfig, build_compressive)
+register_recipe("compressive", COMPRESSIVE_RECIPE)
 
 register_model(
     "compressive-tiny",

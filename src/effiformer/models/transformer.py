@@ -18,6 +18,7 @@ from ..attention import AttentionMask, DenseAttention
 from ..config import ModelConfig
 from ..layers import FeedForward, TransformerBlock, build_positions
 from ..layers.ffn import ACTIVATIONS
+from ..recipes import VANILLA_RECIPE, register_recipe
 from ..registry import register_family, register_model
 from .base import EffiModel, ModelOutput, lm_loss
 
@@ -146,6 +147,7 @@ def build_vanilla(config: VanillaConfig) -> Transformer:
 
 
 register_family(VanillaConfig, build_vanilla)
+register_recipe("vanilla", VANILLA_RECIPE)
 register_model(
     "vanilla-tiny",
     VanillaConfig(dim=64, n_heads=2, n_layers=2, seq_len=128, dropout=0.0),

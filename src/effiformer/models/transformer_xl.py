@@ -65,6 +65,7 @@ from ..config import ConfigError, ModelConfig, replace_config
 from ..layers import FeedForward, TransformerBlock, sinusoid_table
 from ..layers.adaptive import AdaptiveInput, AdaptiveLogSoftmax, check_cutoffs
 from ..layers.memory import update_memory
+from ..recipes import XL_RECIPE, register_recipe
 from ..registry import build_model, register_family, register_model
 from .base import IGNORE_INDEX, EffiModel, ModelOutput, lm_loss
 
@@ -384,6 +385,7 @@ def generate(
 
 
 register_family(XLConfig, build_xl)
+register_recipe("xl", XL_RECIPE)
 
 _WT103 = {"vocab_size": 267735, "adaptive": True, "cutoffs": (20000, 40000, 200000)}
 
