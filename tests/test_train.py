@@ -91,6 +91,56 @@ def test_lr_schedule_is_linear_warmup_then_cosine(corpus):
     assert lr_factor(0, warmup=0, total=steps, min_lr_ratio=floor) == 1.0
 
 
+def test_lr_schedule_shapes():
+    kw = dict(warmup=2, total=12, min_lr_ratio=0.2)
+    lin = [lr_factor(i, schedule="linear", **kw) for i in range(13)]
+    want = [0.5, 1.0] + [0.2 + 0.8 * (1 - (i - 2) / 10) for i in range(2, 13)]
+    torch.testing.assert_close(torch.tensor(lin), torch.tensor(want), rtol=1e-12, atol=0)
+    assert [lr_factor(i, schedule="constant", **kw) for i in (0, 1, 2, 11)] == [0.5, 1, 1, 1]
+    inv = [lr_factor(i, schedule="inverse_sqrt", **kw) for i in range(2, 8)]
+    torch.testing.assert_close(  # fairseq: sqrt(warmup / step), 1 at the end of the warmup
+        torch.tensor(inv), torch.tensor([math.sqrt(2 / (i + 1)) for i in range(2, 8)])
+    )
+    assert lr_factor(1, schedule="inverse_sqrt", **kw) == 1.0
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        lr_factor(5, schedule="step", **kw)
+
+
+def test_optimizers_and_weight_decay_exclusions():
+    from effiformer.train import make_optimizer
+
+    model = create_model("funnel-tiny")
+    names = {id(p): n for n, p in model.named_parameters()}
+
+    def decayed(opt) -> set[str]:
+        return {names[id(p)] for p in opt.param_groups[0]["params"]}
+
+    groups = {rule: decayed(make_optimizer(model, _cfg(no_decay=rule))) for rule in
+              ("1d", "bias-norm", "bias-norm-embedding")}  # fmt: skip
+    assert all(model.get_parameter(n).dim() >= 2 for n in groups["1d"])
+    norm = {
+        f"{m}.{leaf}"
+        for m, mod in model.named_modules()
+        if isinstance(mod, nn.LayerNorm)
+        for leaf, _ in mod.named_parameters(recurse=False)
+    }
+    assert len(norm) >= 12
+    bias = {n for n in names.values() if n.endswith(".bias")}
+    embed = "funnel.encoder.embed.weight"
+    assert not (groups["bias-norm"] & (norm | bias)) and embed in groups["bias-norm"]
+    assert "funnel.encoder.blocks.0.0.attn.r_w_bias" in groups["bias-norm"]  # official: decayed
+    assert groups["bias-norm-embedding"] == groups["bias-norm"] - {embed}
+    for name, cls in (("adamw", torch.optim.AdamW), ("adam", torch.optim.Adam),
+                      ("adagrad", torch.optim.Adagrad)):  # fmt: skip
+        opt = make_optimizer(model, _cfg(optimizer=name, eps=1e-6, weight_decay=0.01))
+        assert type(opt) is cls and opt.param_groups[0]["eps"] == 1e-6
+        assert [g["weight_decay"] for g in opt.param_groups] == [0.01, 0.0]
+    with pytest.raises(ValueError, match="optimizer must be one of"):
+        _cfg(optimizer="sgd")
+    with pytest.raises(ValueError, match="no_decay must be one of"):
+        _cfg(no_decay="matrices")
+
+
 def test_gradient_accumulation_equals_the_full_batch(corpus):
     full = _model()
     accum = _model()

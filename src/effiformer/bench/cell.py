@@ -375,7 +375,7 @@ def _die_with_parent() -> None:
 
 def _parse_cell_argv(argv: list[str]) -> tuple[Path, Path]:
     """``--cell CELL.json --result RESULT.json`` (both required, in any order). The harness
-    spawns this entry; people run ``effiformer bench``, so there is no argparse here."""
+    spawns this entry; people run ``effiformer bench`` (parsing is the CLI's job)."""
     usage = "usage: python -m effiformer.bench --cell CELL.json --result RESULT.json"
     values: dict[str, str] = {}
     rest = list(argv)
