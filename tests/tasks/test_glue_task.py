@@ -113,3 +113,28 @@ def test_dense_classifier_skips_the_mlm_head_and_keeps_the_hidden_state() -> Non
     torch.testing.assert_close(out.hidden, full, rtol=0, atol=0)
     torch.testing.assert_close(out.logits, clf.head(full))
     assert torch.isfinite(out.loss)
+
+
+def test_pretraining_runs_rebuild_their_model_and_become_classifiers(tmp_path: Path) -> None:
+    """GLUE's --init: the pretraining task rebuilds its model (ELECTRA: generator +
+    discriminator, from the options recorded in the run); the model makes the classifier."""
+    import torch
+
+    from effiformer.cli import main
+    from effiformer.models.funnel import FunnelElectra, FunnelForSequenceClassification
+    from effiformer.tasks.glue import load_pretrained
+
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(f"the {w} film was {w} and the plot" for w in "abcdefgh" * 40))
+    run = tmp_path / "electra"
+    assert main(["train", "funnel-tiny", "--task", "electra", "--text", str(text),
+                 "--vocab-size", "60", "--generator-scale", "2", "--steps", "1", "--batch", "2",
+                 "--seq-len", "16", "--eval-windows", "2", "--no-progress", "--device", "cpu",
+                 "--out", str(run)]) == 0  # fmt: skip
+    model = load_pretrained(run)
+    assert isinstance(model, FunnelElectra) and model.generator.config.dim == 32  # dim 64 / 2
+    clf = model.sequence_classifier(3)
+    assert isinstance(clf, FunnelForSequenceClassification) and clf.n_labels == 3
+    enc = model.discriminator.encoder.state_dict()
+    for k, v in clf.funnel.encoder.state_dict().items():
+        torch.testing.assert_close(v, enc[k], rtol=0, atol=0)

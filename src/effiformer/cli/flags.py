@@ -117,7 +117,7 @@ def add_option_flags(
                     kind=kind,
                     type=tp,
                     choices=choices,
-                    metavar=meta.get("metavar") or f.name.upper(),
+                    metavar=meta.get("metavar") or (None if choices else f.name.upper()),
                 ),
             )
             if (entry.kind, entry.type) != (kind, tp):

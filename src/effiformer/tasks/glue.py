@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from ..checkpoint import (
     META,
     CheckpointError,
+    load_checkpoint,
     load_config,
     load_model,
     load_weights,
@@ -327,8 +328,6 @@ def load_pretrained(directory: PathLike) -> nn.Module:
     task_name = (meta.get("task") or {}).get("task") or "lm"
     spec = get_task(task_name)
     if spec.load_model is None:
-        from ..checkpoint import load_checkpoint
-
         return load_checkpoint(d)[0]
     saved = read_train_config(d).get("task_options") or {}
     return spec.load_model(d, make_options(spec.options, saved, owner=f"--task {task_name}"))
