@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
+from effiformer.bench import run_bench
 from effiformer.bench.references import CellSpec, Workload, register_reference
-from effiformer.benchmark import run_bench
 
 HERE = str(Path(__file__).resolve())
 

@@ -72,7 +72,7 @@ def encoder_pair(dim: int, seq_len: int, batch: int) -> dict:
 def hf_pair(seq_len: int, batch: int) -> dict:
     import transformers
 
-    from effiformer.models.hf_funnel import config_to_hf
+    from effiformer.interop.hf_funnel import config_to_hf
 
     c = get_config(
         "funnel-b6-6-6", dim=256, n_heads=4, ffn_dim=1024, block_sizes=(2, 2, 2),

@@ -31,7 +31,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from effiformer.data.tokenizer import SubwordTokenizer
 from effiformer.models.funnel import FunnelConfig, FunnelForMaskedLM
 from effiformer.models.transformer import Transformer, VanillaConfig
-from effiformer.tasks.glue import GlueTask, classifier_from_pretrained
+from effiformer.tasks.glue import GlueTask
 from effiformer.tasks.mlm import MLMTask, read_texts
 from effiformer.train import TrainConfig, train
 
@@ -248,7 +248,7 @@ def run(args: argparse.Namespace) -> None:
                 # A copy of the pretrained weights for each task.
                 clone = make()
                 clone.load_state_dict(model.state_dict())
-                return classifier_from_pretrained(clone, gtask.spec.num_labels)
+                return clone.sequence_classifier(gtask.spec.num_labels)
 
             sps = seconds_per_step(make_clf, gtask, args.ft_lr, 3)
             steps = max(10, int(args.finetune_seconds / sps))

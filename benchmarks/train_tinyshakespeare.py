@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from effiformer import create_model, get_config
-from effiformer.benchmark import environment
+from effiformer.bench import environment
 from effiformer.config import parse_overrides
 from effiformer.data import load_corpus
 from effiformer.tasks import LMTask
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{out} exists; remove it or pass another --out")
     corpus = load_corpus(args.data, "text")
     items = DEFAULT_SET if args.set is None else args.set
-    overrides = parse_overrides(type(get_config(args.model)), items)
+    overrides = parse_overrides(get_config(args.model), items)
     overrides["vocab_size"] = corpus.vocab.size
     args.overrides = overrides
     if args.threads == "auto":

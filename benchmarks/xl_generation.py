@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from effiformer import create_model
-from effiformer.benchmark import environment
+from effiformer.bench import environment
 
 
 def xl_per_token_ms(model, n_tokens: int, seed: int) -> list[float]:

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from effiformer import create_model, get_config, save_model
-from effiformer.benchmark import environment
+from effiformer.bench import environment
 from effiformer.config import parse_overrides
 from effiformer.data import load_corpus
 from effiformer.models.transformer_xl import reconfigure
@@ -59,7 +59,7 @@ def _environment(device: str = "cpu") -> dict:
 
 def _overrides(name: str, vocab: int, seq_len: int, dropout: float, sets: list[str]) -> dict:
     over = {"vocab_size": vocab, "seq_len": seq_len, "dropout": dropout}
-    over.update(parse_overrides(type(get_config(name)), sets))
+    over.update(parse_overrides(get_config(name), sets))
     if name.startswith("vanilla-"):
         # As benchmarks/train_tinyshakespeare.py: with fixed sinusoids added to 0.02-scale
         # embeddings the dense baseline sits on the unigram plateau for these short runs.

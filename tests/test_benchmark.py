@@ -15,16 +15,16 @@ import pytest
 import torch
 
 from effiformer import create_model, list_models
-from effiformer.bench import references
-from effiformer.bench.cell import bench_overrides, count_flops, model_workload
-from effiformer.bench.references import CellSpec
-from effiformer.benchmark import (
+from effiformer.bench import (
     estimate_cell_bytes,
     format_table,
+    references,
     register_reference,
     resolve_names,
     run_bench,
 )
+from effiformer.bench.cell import bench_overrides, count_flops, model_workload
+from effiformer.bench.references import CellSpec
 from effiformer.cli import main
 from effiformer.registry import get_config
 
@@ -242,7 +242,7 @@ import signal
 
 import torch
 
-from effiformer.benchmark import Workload, register_reference
+from effiformer.bench import Workload, register_reference
 
 N_BYTES = {n_bytes}
 

@@ -55,3 +55,71 @@ def test_train_task_mlm_then_glue_then_eval(tmp_path, capsys):
 def test_train_task_flag_errors(tmp_path, capsys):
     assert main(["train", "--task", "glue-rte", "--out", str(tmp_path / "x")]) == 2
     assert "needs --init RUN" in capsys.readouterr().err
+
+
+def test_python_m_effiformer_is_the_cli():
+    out = subprocess.run(
+        [sys.executable, "-m", "effiformer", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    assert "effiformer train" in out and "{list,train,eval,bench}" in out
+
+
+XL_RUN = ("--batch", "2", "--no-progress", "--device", "cpu")
+
+
+def test_eval_runtime_flags_on_an_xl_run(tmp_path, capsys):
+    """`effiformer eval RUN --mem-len --clamp-len --same-length`: the XL runtime fields, through
+    load_checkpoint(overrides=...); a field the model's config lacks is a clear error."""
+    import json
+
+    run = tmp_path / "xl"
+    argv = ["train", "xl-tiny", "--steps", "2", *XL_RUN, "--eval-tokens", "200"]
+    assert main([*argv, "--out", str(run)]) == 0
+    capsys.readouterr()
+
+    def evaluate(*flags: str) -> dict:  # one stream of 200 tokens: segments 2.. see memory
+        argv = ["eval", str(run), "--eval-tokens", "200", "--batch", "1", "--device", "cpu"]
+        assert main([*argv, *flags]) == 0
+        return json.loads(capsys.readouterr().out.splitlines()[0])
+
+    plain = evaluate()
+    longer = evaluate("--mem-len", "512", "--clamp-len", "128", "--same-length")
+    assert longer["overrides"] == {"mem_len": 512, "clamp_len": 128, "same_length": True}
+    assert "overrides" not in plain and longer["tokens"] == plain["tokens"]
+    assert longer["bpc"] != plain["bpc"]
+    # a 2-step model hardly uses distances, so a clamp at 128 moves the loss by less than float32
+    # resolution; a clamp at 4 shows that the setting reaches the model
+    assert (
+        evaluate("--mem-len", "512", "--clamp-len", "4", "--no-same-length")["bpc"] != longer["bpc"]
+    )
+    assert main(["eval", str(run), "--cmem-len", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "--cmem-len: the xl model (XLConfig) has no cmem_len" in err
+    assert "runtime settings: mem_len, clamp_len, same_length" in err
+
+
+def test_train_evaluates_with_the_eval_runtime_flags(tmp_path, capsys):
+    """`effiformer train --eval-mem-len ...`: every evaluation runs on the trained model
+    reconfigured with them, which `effiformer eval --mem-len ...` reproduces."""
+    import json
+
+    run = tmp_path / "xl"
+    flags = ("--eval-mem-len", "64", "--eval-clamp-len", "4", "--eval-same-length")
+    # 600 tokens in 8 streams of ~75: segments 2 and 3 of each stream see the memory.
+    argv = ["train", "xl-tiny", "--steps", "2", *XL_RUN, "--eval-tokens", "600", *flags]
+    assert main([*argv, "--out", str(run)]) == 0
+    trained = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+    def evaluate(*flags: str) -> dict:
+        assert main(["eval", str(run), "--eval-tokens", "600", "--device", "cpu", *flags]) == 0
+        return json.loads(capsys.readouterr().out.splitlines()[0])
+
+    same = evaluate("--mem-len", "64", "--clamp-len", "4", "--same-length")
+    assert same["bpc"] == trained["val_bpc"]  # the same reconfigured model on the same data
+    assert evaluate()["bpc"] != trained["val_bpc"]
+    assert (
+        main(["train", "vanilla-tiny", "--eval-clamp-len", "8", "--out", str(tmp_path / "v")]) == 2
+    )
+    assert "--eval-clamp-len: the vanilla model (VanillaConfig) has no clamp_len" in (
+        capsys.readouterr().err
+    )

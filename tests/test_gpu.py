@@ -67,7 +67,7 @@ def test_bf16_autocast_training_step_on_cuda():
 
 
 def test_bench_on_cuda_reports_allocator_peak(tmp_path):
-    from effiformer.benchmark import run_bench
+    from effiformer.bench import run_bench
 
     res = run_bench(
         ["vanilla-tiny"], lengths=[256], device="cuda", out=tmp_path, progress=False, repeats=2

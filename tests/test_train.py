@@ -15,23 +15,22 @@ import pytest
 import torch
 from torch import nn
 
+import effiformer.checkpoint as checkpoint_mod
 import effiformer.train as train_mod
 from effiformer import create_model
-from effiformer.checkpoint import CheckpointError
+from effiformer.checkpoint import (
+    LATEST,
+    CheckpointError,
+    load_checkpoint,
+    resolve_checkpoint,
+    verify_checkpoint,
+)
 from effiformer.cli import main as cli_main
 from effiformer.config import ModelConfig
 from effiformer.data import read_text
 from effiformer.models.base import EffiModel, ModelOutput, lm_loss
 from effiformer.tasks import LMTask
-from effiformer.train import (
-    LATEST,
-    TrainConfig,
-    load_checkpoint,
-    lr_factor,
-    resolve_checkpoint,
-    train,
-    verify_checkpoint,
-)
+from effiformer.train import TrainConfig, lr_factor, train
 
 SEQ = 16
 
@@ -90,6 +89,56 @@ def test_lr_schedule_is_linear_warmup_then_cosine(corpus):
     assert got[warmup - 1] == pytest.approx(peak) and got[1] < got[2]  # warmup rises to the peak
     assert lr_factor(steps, warmup=warmup, total=steps, min_lr_ratio=floor) == pytest.approx(floor)
     assert lr_factor(0, warmup=0, total=steps, min_lr_ratio=floor) == 1.0
+
+
+def test_lr_schedule_shapes():
+    kw = dict(warmup=2, total=12, min_lr_ratio=0.2)
+    lin = [lr_factor(i, schedule="linear", **kw) for i in range(13)]
+    want = [0.5, 1.0] + [0.2 + 0.8 * (1 - (i - 2) / 10) for i in range(2, 13)]
+    torch.testing.assert_close(torch.tensor(lin), torch.tensor(want), rtol=1e-12, atol=0)
+    assert [lr_factor(i, schedule="constant", **kw) for i in (0, 1, 2, 11)] == [0.5, 1, 1, 1]
+    inv = [lr_factor(i, schedule="inverse_sqrt", **kw) for i in range(2, 8)]
+    torch.testing.assert_close(  # fairseq: sqrt(warmup / step), 1 at the end of the warmup
+        torch.tensor(inv), torch.tensor([math.sqrt(2 / (i + 1)) for i in range(2, 8)])
+    )
+    assert lr_factor(1, schedule="inverse_sqrt", **kw) == 1.0
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        lr_factor(5, schedule="step", **kw)
+
+
+def test_optimizers_and_weight_decay_exclusions():
+    from effiformer.train import make_optimizer
+
+    model = create_model("funnel-tiny")
+    names = {id(p): n for n, p in model.named_parameters()}
+
+    def decayed(opt) -> set[str]:
+        return {names[id(p)] for p in opt.param_groups[0]["params"]}
+
+    groups = {rule: decayed(make_optimizer(model, _cfg(no_decay=rule))) for rule in
+              ("1d", "bias-norm", "bias-norm-embedding")}  # fmt: skip
+    assert all(model.get_parameter(n).dim() >= 2 for n in groups["1d"])
+    norm = {
+        f"{m}.{leaf}"
+        for m, mod in model.named_modules()
+        if isinstance(mod, nn.LayerNorm)
+        for leaf, _ in mod.named_parameters(recurse=False)
+    }
+    assert len(norm) >= 12
+    bias = {n for n in names.values() if n.endswith(".bias")}
+    embed = "funnel.encoder.embed.weight"
+    assert not (groups["bias-norm"] & (norm | bias)) and embed in groups["bias-norm"]
+    assert "funnel.encoder.blocks.0.0.attn.r_w_bias" in groups["bias-norm"]  # official: decayed
+    assert groups["bias-norm-embedding"] == groups["bias-norm"] - {embed}
+    for name, cls in (("adamw", torch.optim.AdamW), ("adam", torch.optim.Adam),
+                      ("adagrad", torch.optim.Adagrad)):  # fmt: skip
+        opt = make_optimizer(model, _cfg(optimizer=name, eps=1e-6, weight_decay=0.01))
+        assert type(opt) is cls and opt.param_groups[0]["eps"] == 1e-6
+        assert [g["weight_decay"] for g in opt.param_groups] == [0.01, 0.0]
+    with pytest.raises(ValueError, match="optimizer must be one of"):
+        _cfg(optimizer="sgd")
+    with pytest.raises(ValueError, match="no_decay must be one of"):
+        _cfg(no_decay="matrices")
 
 
 def test_gradient_accumulation_equals_the_full_batch(corpus):
@@ -287,7 +336,7 @@ def _rehash(ckpt: Path) -> None:
     meta = json.loads((ckpt / "meta.json").read_text())
     for name in meta["files"]:
         p = ckpt / name
-        meta["files"][name] = {"bytes": p.stat().st_size, "sha256": train_mod._sha256(p)}
+        meta["files"][name] = {"bytes": p.stat().st_size, "sha256": checkpoint_mod._sha256(p)}
     (ckpt / "meta.json").write_text(json.dumps(meta))
 
 

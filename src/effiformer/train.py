@@ -1,9 +1,13 @@
 """``train(model, task, config) -> history``: one resumable training loop for every model and task.
 
-* Optimiser: AdamW (Loshchilov & Hutter 2019, arXiv 1711.05101), weight decay on matrices only
-  (``p.dim() >= 2``; biases, norms and 1-D parameters are not decayed).
-* Schedule: linear warmup then cosine decay (Loshchilov & Hutter 2017, arXiv 1608.03983, one
-  cycle, no restarts) as a ``LambdaLR`` factor, see :func:`lr_factor`.
+* Optimiser (``optimizer``): AdamW (Loshchilov & Hutter 2019, arXiv 1711.05101), Adam or Adagrad,
+  with ``lr``, ``betas``, ``eps`` and ``weight_decay``; which parameters decay is ``no_decay``
+  (:data:`effiformer.recipes.NO_DECAY_RULES`; default ``"1d"``: matrices only, ``p.dim() >= 2``).
+* Schedule (``schedule``): linear warmup over ``warmup`` steps, then cosine (Loshchilov & Hutter
+  2017, arXiv 1608.03983, one cycle, no restarts) or linear decay to ``min_lr_ratio`` of the peak,
+  a constant, or fairseq's inverse square root; a ``LambdaLR`` factor, see :func:`lr_factor`.
+  Each family's paper recipe (:mod:`effiformer.recipes`) fills these fields in ``effiformer
+  train``; :class:`TrainConfig`'s own defaults are the project's GPT-2-style default.
 * Step: the global batch of ``task.batch_size`` rows is split across DDP ranks, then into
   ``grad_accum`` equal micro-batches; each micro-batch differentiates
   ``out.total_loss / grad_accum`` (task loss plus aux losses), so accumulation changes memory use,
@@ -26,35 +30,24 @@
   "tokens_per_s"}`` per training step and ``{"step", "val_bpc" | "val_ppl", "val_loss",
   "val_tokens"}`` per evaluation.
 
-Checkpoints (every ``checkpoint_every`` steps and at the end) are directories
-``OUT/step-00000100/`` holding ``model.safetensors`` + ``config.json`` (:func:`effiformer.save_model`),
-the task's files (``vocab.json``), ``trainer.pt`` (optimiser, scheduler, the RNG states of every
-rank (python, numpy, torch CPU and CUDA), the data position, the step, the recurrent state),
-``train_config.json`` and, written last, ``meta.json`` with the size and sha256 of every file. A
-checkpoint is written into ``OUT/.step-00000100.tmp/``, renamed into place, and only then is
-``OUT/latest`` (the name of the newest complete checkpoint) replaced atomically; older
-checkpoints beyond ``keep_checkpoints`` are removed after that. So a run killed at any moment
-leaves ``latest`` pointing at a complete checkpoint, and resuming from it on CPU reproduces the
-uninterrupted run's losses bitwise (tested; a resume with another number of processes or
-another ``grad_accum`` is allowed but restarts RNG / recurrent state, with a warning).
-
-``effiformer eval`` refuses a corpus whose fingerprint differs from the one recorded at training
-(a clear error; ``--allow-other-corpus`` turns it into a warning), and always refuses a corpus
-whose vocabulary differs from the saved ``vocab.json``.
+Checkpoints (every ``checkpoint_every`` steps and at the end) are run checkpoints
+(:func:`effiformer.checkpoint.save_run_checkpoint`: atomic, with a ``latest`` pointer and
+``meta.json`` hashes); ``trainer.pt`` holds the optimiser, the scheduler, the RNG states of every
+rank (python, numpy, torch CPU and CUDA), the data position, the step and the recurrent state.
+Resuming from one on CPU reproduces the uninterrupted run's losses bitwise (tested; a resume with
+another number of processes or another ``grad_accum`` is allowed but restarts RNG / recurrent
+state, with a warning).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
-import hashlib
 import json
 import logging
 import math
 import os
 import random
-import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -65,38 +58,33 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from safetensors import SafetensorError
-from safetensors.torch import load_model as _st_load_model
 from torch import Tensor, nn
 
-from .checkpoint import CONFIG, WEIGHTS, CheckpointError, atomic_write_bytes, save_model
+from .checkpoint import (
+    LATEST,
+    CheckpointError,
+    atomic_write_bytes,
+    read_trainer_state,
+    resolve_checkpoint,
+    save_run_checkpoint,
+)
 from .config import ConfigError
+from .recipes import NO_DECAY_RULES, OPTIMIZERS, SCHEDULES
 
 __all__ = [
+    "METRICS",
     "TrainConfig",
     "TrainHistory",
     "train",
     "lr_factor",
     "clip_gradients",
     "after_optimizer_step",
-    "resolve_checkpoint",
-    "verify_checkpoint",
-    "load_checkpoint",
-    "add_train_arguments",
-    "run_train_cli",
-    "add_eval_arguments",
-    "run_eval_cli",
+    "make_optimizer",
 ]
 
 logger = logging.getLogger(__name__)
 
-TRAINER_STATE = "trainer.pt"
-TRAIN_CONFIG = "train_config.json"
-META = "meta.json"
-LATEST = "latest"
 METRICS = "metrics.jsonl"
-_CKPT_FORMAT = "effiformer-train-checkpoint"
-_CKPT_VERSION = 1
 
 
 # ------------------------------------------------------------------------------------------------
@@ -110,20 +98,34 @@ class TrainConfig:
 
     ``steps``: optimiser steps in all (the schedule's length; on resume, the total including the
     steps already done). ``time_budget``: stop after this many seconds of this call, whichever
-    of the two comes first. ``clip``: max global gradient norm (None: no clipping).
+    of the two comes first. ``optimizer``: one of :data:`~effiformer.recipes.OPTIMIZERS`;
+    ``betas`` (Adam/AdamW) and ``eps``; ``weight_decay`` on every parameter but those the
+    ``no_decay`` rule excludes (:data:`~effiformer.recipes.NO_DECAY_RULES`). ``schedule``: one of
+    :data:`~effiformer.recipes.SCHEDULES` after ``warmup`` linear warmup steps, decaying to
+    ``min_lr_ratio`` of ``lr`` (cosine, linear). ``clip``: max global gradient norm (None: no
+    clipping). The defaults are the project's GPT-2-style default (AdamW, betas (0.9, 0.99), weight
+    decay 0.1 on matrices, cosine to 0.1 of the peak, clip 1.0); ``effiformer train`` fills these
+    fields from the family's recipe (:mod:`effiformer.recipes`).
     ``bf16``: autocast to bfloat16 (None: on for CUDA with bf16, off on CPU). ``eval_every`` /
     ``checkpoint_every``: None means only at the end. ``out_dir``: where checkpoints and
     ``metrics.jsonl`` go (None: no files). ``resume``: a run directory (with ``latest``) or one
     checkpoint directory to continue from. ``keep_checkpoints``: how many of the newest
-    checkpoints to keep (None: all).
+    checkpoints to keep (None: all). ``model_name``, ``task`` and ``task_options`` are recorded
+    in checkpoints (the registered model and task names and the options the task was built
+    from, so that ``effiformer train --resume`` and ``effiformer eval`` can rebuild it); the
+    loop does not read them.
     """
 
     steps: int = 1000
+    optimizer: str = "adamw"
     lr: float = 1e-3
-    warmup: int = 100
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.1
     betas: tuple[float, float] = (0.9, 0.99)
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    no_decay: str = "1d"
+    warmup: int = 100
+    schedule: str = "cosine"
+    min_lr_ratio: float = 0.1
     grad_accum: int = 1
     clip: float | None = 1.0
     seed: int = 0
@@ -139,6 +141,8 @@ class TrainConfig:
     log_every: int = 1
     progress: bool = True
     model_name: str | None = None
+    task: str | None = None
+    task_options: dict[str, Any] | None = None
     find_unused_parameters: bool = False
 
     def __post_init__(self) -> None:
@@ -158,6 +162,17 @@ class TrainConfig:
             raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise ConfigError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
+        if not (isinstance(self.eps, int | float) and self.eps > 0):
+            raise ConfigError(f"eps must be a positive number, got {self.eps!r}")
+        for name, choices in (
+            ("optimizer", OPTIMIZERS),
+            ("schedule", SCHEDULES),
+            ("no_decay", tuple(NO_DECAY_RULES)),
+        ):
+            if getattr(self, name) not in choices:
+                raise ConfigError(
+                    f"{name} must be one of {list(choices)}, got {getattr(self, name)!r}"
+                )
         if self.clip is not None and not self.clip > 0:
             raise ConfigError(f"clip must be a positive number or None, got {self.clip!r}")
         if self.time_budget is not None and not self.time_budget > 0:
@@ -211,17 +226,32 @@ def after_optimizer_step(model: nn.Module) -> None:
             hook()
 
 
-def lr_factor(step: int, *, warmup: int, total: int, min_lr_ratio: float) -> float:
+def lr_factor(
+    step: int, *, warmup: int, total: int, min_lr_ratio: float, schedule: str = "cosine"
+) -> float:
     """Multiplier of the peak lr for optimiser step ``step + 1`` (``step`` steps done).
 
     Warmup: ``(step + 1) / warmup`` for ``step < warmup`` (the ``warmup``-th step reaches the
-    peak). Then cosine from 1 down to ``min_lr_ratio`` over the remaining ``total - warmup``
-    steps: ``r + (1 - r) * (1 + cos(pi * p)) / 2`` with ``p = (step - warmup) / (total - warmup)``
-    clipped to [0, 1].
+    peak). Then, with ``p = (step - warmup) / (total - warmup)`` clipped to [0, 1] and
+    ``r = min_lr_ratio``:
+
+    - ``cosine``: ``r + (1 - r) * (1 + cos(pi * p)) / 2``;
+    - ``linear``: ``r + (1 - r) * (1 - p)``;
+    - ``constant``: 1;
+    - ``inverse_sqrt``: ``sqrt(max(1, warmup) / (step + 1))`` (fairseq's ``inverse_sqrt``: 1 at the
+      end of the warmup, then proportional to the inverse square root of the step; no floor).
     """
     if step < warmup:
         return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    if schedule == "inverse_sqrt":
+        return math.sqrt(max(1, warmup) / (step + 1))
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    if schedule == "linear":
+        return min_lr_ratio + (1.0 - min_lr_ratio) * (1.0 - progress)
+    if schedule != "cosine":
+        raise ValueError(f"schedule must be one of {list(SCHEDULES)}, got {schedule!r}")
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
@@ -332,84 +362,8 @@ def _map_tensors(obj: Any, fn) -> Any:
 
 
 # ------------------------------------------------------------------------------------------------
-# Checkpoints
+# Run checkpoints (the files are effiformer.checkpoint's; the trainer state is this loop's)
 # ------------------------------------------------------------------------------------------------
-
-
-def _step_dir_name(step: int) -> str:
-    return f"step-{step:08d}"
-
-
-def resolve_checkpoint(path: str | os.PathLike) -> Path:
-    """The checkpoint directory ``path`` names: itself, or ``path/<latest>`` for a run directory."""
-    p = Path(path)
-    if not p.exists():
-        raise CheckpointError(f"checkpoint directory {str(p)!r} does not exist")
-    if not p.is_dir():
-        raise CheckpointError(f"{str(p)!r} is not a directory (expected a checkpoint directory)")
-    if (p / META).exists() or (p / CONFIG).exists() or (p / TRAINER_STATE).exists():
-        return p
-    if (p / LATEST).is_file():
-        name = (p / LATEST).read_text().strip()
-        target = p / name
-        if not name or not target.is_dir():
-            raise CheckpointError(
-                f"{str(p / LATEST)!r} points at {name!r}, which is not a checkpoint directory"
-            )
-        return target
-    raise CheckpointError(
-        f"{str(p)!r} holds no checkpoint (no {META} and no {LATEST!r} pointer to one)"
-    )
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def verify_checkpoint(directory: str | os.PathLike) -> dict[str, Any]:
-    """Check that every file of a training checkpoint is present and intact; return its meta.
-
-    Raises :class:`CheckpointError` naming a missing, truncated or altered file.
-    """
-    d = Path(directory)
-    if not d.is_dir():
-        raise CheckpointError(f"checkpoint directory {str(d)!r} does not exist")
-    meta_path = d / META
-    if not meta_path.is_file():
-        raise CheckpointError(
-            f"checkpoint {str(d)!r} is incomplete: it has no {META} (written last by a save, so "
-            "the save was interrupted or this is not a training checkpoint)"
-        )
-    try:
-        meta = json.loads(meta_path.read_text())
-        files = meta["files"]
-        if meta.get("format") != _CKPT_FORMAT:
-            raise KeyError("format")
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{str(meta_path)!r} is not a valid checkpoint meta file: {e}") from e
-    for name, info in files.items():
-        p = d / name
-        if not p.is_file():
-            raise CheckpointError(f"checkpoint {str(d)!r} is missing {name}")
-        size = p.stat().st_size
-        if size != info["bytes"]:
-            raise CheckpointError(
-                f"checkpoint file {str(p)!r} is truncated or altered: {size} bytes, "
-                f"expected {info['bytes']}"
-            )
-        if _sha256(p) != info["sha256"]:
-            raise CheckpointError(f"checkpoint file {str(p)!r} is corrupt (sha256 mismatch)")
-    return meta
-
-
-def _fsync_dir_files(d: Path) -> None:
-    for p in d.iterdir():
-        with open(p, "rb") as f:
-            os.fsync(f.fileno())
 
 
 def _save_checkpoint(
@@ -436,20 +390,6 @@ def _save_checkpoint(
         ranks = [payload]
     if d.rank != 0:
         return None
-    name = _step_dir_name(step)
-    final = out_dir / name
-    latest = out_dir / LATEST
-    if latest.is_file() and latest.read_text().strip() == name and final.is_dir():
-        logger.info("checkpoint %s already holds step %d", final, step)
-        return final
-    tmp = out_dir / f".{name}.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    save_model(module, tmp, name=config.model_name)
-    artifacts = getattr(task, "artifacts", None)
-    for fname, data in (artifacts() if artifacts is not None else {}).items():
-        (tmp / fname).write_bytes(data)
     trainer_state = {
         "step": step,
         "world": d.world,
@@ -458,84 +398,17 @@ def _save_checkpoint(
         "task": task.state_dict(),
         "ranks": ranks,
     }
-    torch.save(trainer_state, tmp / TRAINER_STATE)
-    (tmp / TRAIN_CONFIG).write_text(json.dumps(config.to_dict(), indent=2))
-    files = {
-        p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(tmp.iterdir())
-    }
-    meta = {
-        "format": _CKPT_FORMAT,
-        "version": _CKPT_VERSION,
-        "step": step,
-        "world": d.world,
-        "model_name": config.model_name,
-        "task": task.describe() if hasattr(task, "describe") else {},
-        "torch": torch.__version__,
-        "files": files,
-    }
-    (tmp / META).write_text(json.dumps(meta, indent=2))
-    _fsync_dir_files(tmp)
-    if final.exists():  # a leftover of an interrupted save; latest does not point at it
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    atomic_write_bytes(latest, name.encode())
-    _prune_checkpoints(out_dir, keep=config.keep_checkpoints, latest=name)
-    logger.info("saved checkpoint %s", final)
-    return final
-
-
-def _prune_checkpoints(out_dir: Path, *, keep: int | None, latest: str) -> None:
-    for p in out_dir.glob(".step-*.tmp"):
-        shutil.rmtree(p, ignore_errors=True)
-    if keep is None:
-        return
-    steps = sorted(p for p in out_dir.glob("step-*") if p.is_dir() and p.name != latest)
-    for p in steps[: max(0, len(steps) - (keep - 1))]:
-        shutil.rmtree(p, ignore_errors=True)
-
-
-def _json_normal(obj: Any) -> Any:
-    return json.loads(json.dumps(obj))
-
-
-def _check_config_matches(directory: Path, module: nn.Module) -> None:
-    try:
-        record = json.loads((directory / CONFIG).read_text())
-        saved_family, saved = record["family"], record["config"]
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
-        raise CheckpointError(f"checkpoint {str(directory)!r} has no valid {CONFIG}: {e}") from e
-    config = getattr(module, "config", None)
-    if config is None:
-        return
-    if saved_family != config.family:
-        raise CheckpointError(
-            f"checkpoint {str(directory)!r} is a {saved_family!r} model, not {config.family!r}"
-        )
-    current = _json_normal(config.to_dict())
-    diffs = [
-        f"{k}: checkpoint {saved.get(k)!r}, model {current.get(k)!r}"
-        for k in sorted(set(saved) | set(current))
-        if saved.get(k) != current.get(k)
-    ]
-    if diffs:
-        raise CheckpointError(
-            f"checkpoint {str(directory)!r} is from another configuration: {'; '.join(diffs)}"
-        )
-
-
-def _load_weights(module: nn.Module, directory: Path, device: torch.device) -> None:
-    path = directory / WEIGHTS
-    try:
-        missing, unexpected = _st_load_model(module, path, strict=False, device=str(device))
-    except (SafetensorError, OSError, RuntimeError) as e:
-        raise CheckpointError(
-            f"{str(path)!r} is truncated or corrupt, or its shapes do not match the config: {e}"
-        ) from e
-    if missing or unexpected:
-        raise CheckpointError(
-            f"{str(path)!r} does not match the model: missing {sorted(missing)[:8]}, "
-            f"unexpected {sorted(unexpected)[:8]}"
-        )
+    return save_run_checkpoint(
+        out_dir,
+        step,
+        module,
+        trainer_state=trainer_state,
+        train_config=config.to_dict(),
+        task=task,
+        model_name=config.model_name,
+        world=d.world,
+        keep=config.keep_checkpoints,
+    )
 
 
 def _load_training_state(
@@ -548,13 +421,7 @@ def _load_training_state(
     grad_accum: int,
     device: torch.device,
 ) -> tuple[int, list[Any]]:
-    verify_checkpoint(directory)
-    _check_config_matches(directory, module)
-    _load_weights(module, directory, device)
-    try:
-        state = torch.load(directory / TRAINER_STATE, map_location="cpu", weights_only=True)
-    except Exception as e:  # truncated pickles raise many types
-        raise CheckpointError(f"{str(directory / TRAINER_STATE)!r} cannot be read: {e}") from e
+    state = read_trainer_state(directory, module, device)
     try:
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
@@ -585,47 +452,45 @@ def _load_training_state(
     return int(state["step"]), states
 
 
-def load_checkpoint(
-    directory: str | os.PathLike,
-    *,
-    map_location: str | torch.device = "cpu",
-    overrides: dict[str, Any] | None = None,
-) -> tuple[nn.Module, dict[str, Any]]:
-    """Rebuild the model of a training checkpoint (a run directory or one checkpoint directory).
-
-    ``overrides``: config fields to change that do not change the weights' shapes (``mem_len``).
-    Returns ``(model, meta)``; ``meta["task"]`` describes the data it was trained on.
-    """
-    from .checkpoint import load_config
-    from .config import replace_config
-    from .registry import build_model
-
-    d = resolve_checkpoint(directory)
-    meta = verify_checkpoint(d)
-    config = load_config(d)
-    if overrides:
-        config = replace_config(config, **overrides)
-    model = build_model(config)
-    _load_weights(model, d, torch.device(map_location))
-    meta["path"] = str(d)
-    return model, meta
-
-
 # ------------------------------------------------------------------------------------------------
 # The loop
 # ------------------------------------------------------------------------------------------------
 
 
-def _make_optimizer(module: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
-    decay, no_decay = [], []
-    for p in module.parameters():  # parameters() yields tied weights once
-        if p.requires_grad:
-            (decay if p.dim() >= 2 else no_decay).append(p)
+_NORMS = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._NormBase)
+if hasattr(nn, "RMSNorm"):
+    _NORMS = (*_NORMS, nn.RMSNorm)
+
+
+def _decays(rule: str, module: nn.Module, leaf: str, p: nn.Parameter) -> bool:
+    if rule == "1d":
+        return p.dim() >= 2
+    if leaf == "bias" or isinstance(module, _NORMS):
+        return False
+    return not (rule == "bias-norm-embedding" and isinstance(module, nn.Embedding))
+
+
+def make_optimizer(module: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    """The optimiser ``config`` names over ``module``'s trainable parameters, in two groups:
+    with ``weight_decay`` and without (the parameters the ``config.no_decay`` rule excludes)."""
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
+    seen: set[int] = set()
+    for mod in module.modules():  # a tied weight counts once, under its first owner
+        for leaf, p in mod.named_parameters(recurse=False):
+            if id(p) in seen or not p.requires_grad:
+                continue
+            seen.add(id(p))
+            (decay if _decays(config.no_decay, mod, leaf, p) else no_decay).append(p)
     groups = [
         {"params": decay, "weight_decay": config.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.betas))
+    if config.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps)
+    if config.optimizer == "adam":
+        return torch.optim.Adam(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps)
+    return torch.optim.Adagrad(groups, lr=config.lr, eps=config.eps)
 
 
 def _average_updates(updates: list[dict[str, Tensor]], d: _Dist) -> dict[str, Tensor]:
@@ -725,11 +590,15 @@ def _train(model: nn.Module, task: Any, config: TrainConfig, d: _Dist) -> TrainH
         _seed_everything(config.seed + d.rank)
     module = model.to(device)
     module.train()
-    optimizer = _make_optimizer(module, config)
+    optimizer = make_optimizer(module, config)
 
     def schedule(step: int) -> float:
         return lr_factor(
-            step, warmup=config.warmup, total=config.steps, min_lr_ratio=config.min_lr_ratio
+            step,
+            warmup=config.warmup,
+            total=config.steps,
+            min_lr_ratio=config.min_lr_ratio,
+            schedule=config.schedule,
         )
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
@@ -875,351 +744,3 @@ def _train(model: nn.Module, task: Any, config: TrainConfig, d: _Dist) -> TrainH
         checkpoint()
     history.seconds = time.monotonic() - t_begin
     return history
-
-
-# ------------------------------------------------------------------------------------------------
-# CLI glue (called by effiformer.cli)
-# ------------------------------------------------------------------------------------------------
-
-
-def _setup_cli_logging() -> None:
-    root = logging.getLogger()
-    if not root.handlers:
-        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    if int(os.environ.get("RANK", "0")) != 0:
-        logging.getLogger("effiformer").setLevel(logging.WARNING)
-
-
-def add_train_arguments(p: argparse.ArgumentParser) -> None:
-    from .data import FORMATS
-
-    p.add_argument("name", nargs="?", help="registered model name (optional with --resume)")
-    p.add_argument(
-        "--task",
-        default="lm",
-        choices=TASK_CHOICES,
-        help="lm (default): language modelling on --data/--format or the embedded corpus; "
-        "mlm/electra: pretraining on --text or --data/--format (subword tokenizer trained and "
-        "saved); glue-*: fine-tune the pretraining run --init on the task folder --data",
-    )
-    p.add_argument("--text", help="mlm/electra: UTF-8 text file or folder to pretrain on")
-    p.add_argument("--tokenizer", help="mlm/electra: an existing tokenizer.json")
-    p.add_argument("--vocab-size", type=int, help="mlm/electra: subword vocabulary size")
-    p.add_argument("--init", help="glue-*: pretraining run or checkpoint to fine-tune")
-    p.add_argument("--max-len", type=int, help="glue-*: max tokens per example (default 128)")
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="config override, repeatable (vocab_size comes from the corpus)",
-    )
-    p.add_argument("--data", help="corpus path (default: the embedded Python stdlib corpus)")
-    p.add_argument("--format", choices=FORMATS, help="corpus format of --data")
-    p.add_argument("--batch", type=int, help="global batch size in rows (default 16)")
-    p.add_argument("--seq-len", type=int, help="tokens per row (default: the model's seq_len)")
-    p.add_argument("--lr", type=float, help="peak learning rate (default 1e-3)")
-    p.add_argument("--warmup", type=int, help="linear warmup steps (default min(100, steps/10))")
-    p.add_argument("--grad-accum", type=int, help="micro-batches per step (default 1)")
-    p.add_argument("--clip", type=float, help="gradient clipping norm, 0 = off (default 1.0)")
-    p.add_argument("--weight-decay", type=float, help="AdamW weight decay (default 0.1)")
-    p.add_argument("--seed", type=int, help="seed of weights, dropout and data order (default 0)")
-    p.add_argument("--device", help="auto | cpu | cuda | cuda:N (default auto)")
-    p.add_argument(
-        "--bf16",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="bf16 autocast (default: on for CUDA with bf16, off on CPU)",
-    )
-    p.add_argument("--steps", type=int, help="total optimiser steps (default 1000)")
-    p.add_argument("--time-budget", type=float, help="stop after this many seconds")
-    p.add_argument(
-        "--eval-every", type=int, help="evaluate every N steps (default 200; 0 = end only)"
-    )
-    p.add_argument(
-        "--eval-tokens",
-        type=int,
-        help="evaluate on the first N tokens of the split (default 100000; 0 = all)",
-    )
-    p.add_argument(
-        "--checkpoint-every", type=int, help="checkpoint every N steps (default: end only)"
-    )
-    p.add_argument("--keep", type=int, help="checkpoints to keep (default 1)")
-    p.add_argument("--out", help="output directory (default runs/NAME, or the --resume run)")
-    p.add_argument("--resume", help="run or checkpoint directory to continue from")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-
-
-def _load_cli_corpus(data: str | None, fmt: str | None):
-    from .data import embedded_corpus, load_corpus
-
-    if data is None:
-        if fmt is not None:
-            raise ValueError("--format needs --data PATH")
-        return embedded_corpus(), None
-    if fmt is None:
-        raise ValueError(
-            "--data needs --format (one of enwik8, text8, ptb, ptb-char, wikitext, text)"
-        )
-    return load_corpus(data, fmt), {"path": str(Path(data).resolve()), "format": fmt}
-
-
-def _pick(value: Any, saved: dict[str, Any], key: str, default: Any) -> Any:
-    if value is not None:
-        return value
-    return saved.get(key, default)
-
-
-TASK_CHOICES = (
-    "lm",
-    "mlm",
-    "electra",
-    "glue-sst2",
-    "glue-cola",
-    "glue-rte",
-    "glue-mrpc",
-    "glue-stsb",
-)
-
-# Flags of `effiformer train` forwarded to the pretraining / fine-tuning entry points.
-_MLM_FLAGS = {
-    "text": "--text", "data": "--data", "format": "--format", "tokenizer": "--tokenizer",
-    "vocab_size": "--vocab-size", "batch": "--batch", "seq_len": "--seq-len", "steps": "--steps",
-    "lr": "--lr", "warmup": "--warmup", "time_budget": "--time-budget",
-    "eval_every": "--eval-every", "seed": "--seed", "device": "--device", "out": "--out",
-}  # fmt: skip
-_GLUE_FLAGS = {
-    "init": "--init", "data": "--data", "batch": "--batch", "max_len": "--max-len",
-    "steps": "--steps", "lr": "--lr", "warmup": "--warmup", "time_budget": "--time-budget",
-    "eval_every": "--eval-every", "seed": "--seed", "device": "--device", "out": "--out",
-}  # fmt: skip
-
-
-def _forward_flags(args: argparse.Namespace, flags: dict[str, str]) -> list[str]:
-    argv: list[str] = []
-    for attr, flag in flags.items():
-        value = getattr(args, attr, None)
-        if value is not None:
-            argv += [flag, str(value)]
-    return argv
-
-
-def _run_other_task(args: argparse.Namespace) -> int:
-    """`effiformer train --task mlm|electra|glue-*`: the same trainer through the task's entry."""
-    lm_only = [f for f in ("resume", "grad_accum", "checkpoint_every") if getattr(args, f, None)]
-    if lm_only:
-        raise ValueError(f"--task {args.task} does not take --{lm_only[0].replace('_', '-')}")
-    if args.task in ("mlm", "electra"):
-        from .tasks.mlm import main as mlm_main
-
-        if args.name is None:
-            raise ValueError(f"--task {args.task} needs a registered model NAME")
-        if args.out is None:
-            raise ValueError(f"--task {args.task} needs --out DIR")
-        argv = [args.name, "--objective", args.task, *_forward_flags(args, _MLM_FLAGS)]
-        for key_value in args.set:
-            argv += ["--set", key_value]
-        return mlm_main(argv)
-    from .tasks.glue import main as glue_main
-
-    if args.init is None or args.data is None or args.out is None:
-        raise ValueError(f"--task {args.task} needs --init RUN, --data TASK_FOLDER and --out DIR")
-    if args.set:
-        raise ValueError("--task glue-* takes its architecture from --init; --set is not allowed")
-    if args.eval_every == 0:  # "end only", as for --task lm
-        args = argparse.Namespace(**{**vars(args), "eval_every": args.steps or 1000})
-    argv = [
-        "finetune",
-        "--task",
-        args.task.removeprefix("glue-"),
-        *_forward_flags(args, _GLUE_FLAGS),
-    ]
-    return glue_main(argv)
-
-
-def run_train_cli(args: argparse.Namespace) -> int:
-    if getattr(args, "task", "lm") != "lm":
-        return _run_other_task(args)
-    from .checkpoint import load_config
-    from .config import parse_overrides, replace_config
-    from .registry import build_model, get_config, get_spec
-    from .tasks import LMTask
-
-    _setup_cli_logging()
-    saved_train: dict[str, Any] = {}
-    saved_task: dict[str, Any] = {}
-    if args.resume is not None:
-        ckpt = resolve_checkpoint(args.resume)
-        meta = verify_checkpoint(ckpt)
-        saved_task = meta.get("task", {})
-        saved_train = json.loads((ckpt / TRAIN_CONFIG).read_text())
-        name = args.name or meta.get("model_name")
-        if args.name and meta.get("model_name") and args.name != meta["model_name"]:
-            raise CheckpointError(
-                f"--resume {args.resume!r} holds a {meta['model_name']!r} run, not {args.name!r}"
-            )
-        base = load_config(ckpt)
-        run_dir = ckpt.parent if (ckpt.parent / LATEST).is_file() else ckpt
-    else:
-        if args.name is None:
-            raise ValueError("give a registered model NAME (or --resume DIR)")
-        name = args.name
-        base = get_spec(name).config
-        run_dir = None
-    data = args.data if args.data is not None else (saved_task.get("data") or {}).get("path")
-    fmt = args.format if args.data is not None else (saved_task.get("data") or {}).get("format")
-    corpus, data_spec = _load_cli_corpus(data, fmt)
-
-    overrides = parse_overrides(type(base), args.set)
-    if "vocab_size" in overrides and overrides["vocab_size"] != corpus.vocab.size:
-        raise ConfigError(
-            f"--set vocab_size={overrides['vocab_size']} disagrees with the corpus "
-            f"{corpus.name!r}, which has {corpus.vocab.size} token types (vocab_size is set from "
-            "the corpus; drop the override)"
-        )
-    if args.resume is None:
-        overrides["vocab_size"] = corpus.vocab.size
-        model_config = get_config(name, **overrides)
-    else:
-        model_config = replace_config(base, **overrides) if overrides else base
-
-    seed = _pick(args.seed, saved_train, "seed", 0)
-    torch.manual_seed(seed)
-    model = build_model(model_config)
-    eval_tokens = _pick(args.eval_tokens, saved_task, "eval_tokens", 100_000)
-    task = LMTask(
-        corpus,
-        batch_size=_pick(args.batch, saved_task, "batch_size", 16),
-        seq_len=_pick(args.seq_len, saved_task, "seq_len", model_config.seq_len),
-        seed=seed,
-        eval_tokens=eval_tokens or None,
-        data_spec=data_spec,
-    )
-    clip = _pick(args.clip, saved_train, "clip", 1.0)
-    eval_every = _pick(args.eval_every, saved_train, "eval_every", 200)
-    out = args.out or (str(run_dir) if run_dir is not None else str(Path("runs") / name))
-    steps = _pick(args.steps, saved_train, "steps", 1000)
-    config = TrainConfig(
-        steps=steps,
-        lr=_pick(args.lr, saved_train, "lr", 1e-3),
-        warmup=_pick(args.warmup, saved_train, "warmup", min(100, max(1, steps // 10))),
-        weight_decay=_pick(args.weight_decay, saved_train, "weight_decay", 0.1),
-        grad_accum=_pick(args.grad_accum, saved_train, "grad_accum", 1),
-        clip=clip or None,
-        seed=seed,
-        device=_pick(args.device, saved_train, "device", "auto"),
-        bf16=_pick(args.bf16, saved_train, "bf16", None),
-        time_budget=args.time_budget,
-        eval_every=eval_every or None,
-        checkpoint_every=_pick(args.checkpoint_every, saved_train, "checkpoint_every", None),
-        keep_checkpoints=_pick(args.keep, saved_train, "keep_checkpoints", 1),
-        out_dir=out,
-        resume=args.resume,
-        progress=not args.no_progress,
-        model_name=name,
-    )
-    history = train(model, task, config)
-    if int(os.environ.get("RANK", "0")) == 0:
-        last = history.evals[-1] if history.evals else {}
-        key = f"val_{task.metric_name}"
-        val = f"; {config.eval_split} {task.metric_name} {last[key]:.4f}" if key in last else ""
-        print(
-            f"trained {name} on {corpus.name} to step {history.step} "
-            f"(stopped: {history.stop_reason}) in {history.seconds:.1f} s{val}; "
-            f"checkpoint {history.checkpoint}; metrics {Path(out) / METRICS}"
-        )
-    return 0
-
-
-def add_eval_arguments(p: argparse.ArgumentParser) -> None:
-    from .data import FORMATS
-
-    p.add_argument("checkpoint", help="run directory (uses its latest checkpoint) or checkpoint")
-    p.add_argument("--data", help="corpus path (default: the corpus recorded at training)")
-    p.add_argument("--format", choices=FORMATS, help="corpus format of --data")
-    p.add_argument("--split", default="valid", choices=("valid", "test"), help="default valid")
-    p.add_argument("--seq-len", type=int, help="evaluation window (default: the training seq_len)")
-    p.add_argument("--mem-len", type=int, help="memory length for models with memory")
-    p.add_argument("--batch", type=int, help="evaluation streams (default: as in training)")
-    p.add_argument("--eval-tokens", type=int, help="evaluate only the first N tokens (default all)")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda (default auto)")
-    p.add_argument(
-        "--allow-other-corpus",
-        action="store_true",
-        help="evaluate on a corpus whose fingerprint differs from the training one "
-        "(the vocabulary must still be identical)",
-    )
-
-
-def run_eval_cli(args: argparse.Namespace) -> int:
-    from .data import Vocab
-    from .tasks import LMTask
-
-    _setup_cli_logging()
-    ckpt = resolve_checkpoint(args.checkpoint)
-    task_name = verify_checkpoint(ckpt).get("task", {}).get("task", "lm")
-    if str(task_name).startswith("glue-"):
-        from .tasks.glue import main as glue_main
-
-        split = {"valid": "dev"}.get(args.split, args.split)
-        argv = ["eval", str(ckpt), "--split", split]
-        return glue_main(argv + (["--data", args.data] if args.data else []))
-    if task_name != "lm":
-        raise ValueError(
-            f"{str(ckpt)!r} is a {task_name!r} pretraining checkpoint; its validation figures are "
-            "in the run's metrics.jsonl, and `effiformer train --task glue-* --init RUN` "
-            "fine-tunes it"
-        )
-    device = _resolve_device(args.device, _Dist())
-    overrides = {"mem_len": args.mem_len} if args.mem_len is not None else None
-    model, meta = load_checkpoint(ckpt, map_location=device, overrides=overrides)
-    model.to(device)
-    saved_task = meta.get("task", {})
-    vocab_path = ckpt / "vocab.json"
-    if not vocab_path.is_file():
-        raise CheckpointError(f"checkpoint {str(ckpt)!r} has no vocab.json")
-    vocab = Vocab.from_json(vocab_path.read_text())
-    saved_data = saved_task.get("data") or {}
-    data = args.data if args.data is not None else saved_data.get("path")
-    fmt = args.format if args.data is not None else saved_data.get("format")
-    corpus, _ = _load_cli_corpus(data, fmt)
-    if corpus.fingerprint != saved_task.get("fingerprint"):
-        msg = (
-            f"the corpus {corpus.name!r} (fingerprint {corpus.fingerprint}) is not the one "
-            f"{str(ckpt)!r} was trained on ({saved_task.get('corpus')!r}, fingerprint "
-            f"{saved_task.get('fingerprint')})"
-        )
-        if not args.allow_other_corpus:
-            raise CheckpointError(msg + "; pass --allow-other-corpus to evaluate anyway")
-        logger.warning("%s", msg)
-    if corpus.vocab != vocab:
-        raise CheckpointError(
-            f"the corpus vocabulary ({corpus.vocab}) differs from the checkpoint's ({vocab}); "
-            "ids would mean different tokens"
-        )
-    task = LMTask(
-        corpus,
-        batch_size=1,
-        seq_len=args.seq_len or saved_task.get("seq_len") or model.config.seq_len,
-        eval_batch_size=args.batch or saved_task.get("eval_batch_size") or 8,
-        eval_tokens=args.eval_tokens or None,
-    )
-    task._check_model(model)
-    result = task.evaluate(model, args.split, device=device)
-    record = {
-        "checkpoint": str(ckpt),
-        "step": meta.get("step"),
-        "model": meta.get("model_name"),
-        "corpus": corpus.name,
-        "fingerprint": corpus.fingerprint,
-        "split": args.split,
-        "seq_len": task.seq_len,
-        **result,
-    }
-    print(json.dumps(record))
-    print(
-        f"{meta.get('model_name')} step {meta.get('step')}: {args.split} "
-        f"{task.metric_name} {result[task.metric_name]:.4f} "
-        f"(loss {result['loss']:.4f} nats/token over {result['tokens']} tokens of {corpus.name})"
-    )
-    return 0

@@ -10,12 +10,12 @@ pytestmark = pytest.mark.reference
 
 transformers = pytest.importorskip("transformers", reason="needs the 'reference' extra")
 
+from effiformer.interop.hf_funnel import load_hf_funnel, save_hf_funnel  # noqa: E402
 from effiformer.models.funnel import (  # noqa: E402
     FunnelForMaskedLM,
     FunnelForSequenceClassification,
     FunnelModel,
 )
-from effiformer.models.hf_funnel import load_hf_funnel, save_hf_funnel  # noqa: E402
 
 
 def _hf_config(**kw):

@@ -206,3 +206,49 @@ def test_bad_task_arguments(byte_corpus):
         )
     with pytest.raises(ValueError, match="input_ids"):
         Batch({"targets": torch.zeros(2, 3, dtype=torch.long)})
+
+
+def test_non_causal_models_are_refused_naming_the_masked_lm_task(byte_corpus):
+    task = LMTask(byte_corpus, batch_size=2, seq_len=16)
+    for model in (create_model("funnel-tiny"), create_model("vanilla-tiny", causal=False)):
+        with pytest.raises(ValueError, match=r"bidirectional encoder \(causal=False\).*--task mlm"):
+            task.check_model(model)
+        with pytest.raises(ValueError, match="bidirectional encoder"):
+            next(task.train_batches(model))
+    with pytest.raises(ValueError, match="^funnel-tiny is a bidirectional encoder"):
+        task.check_model(create_model("funnel-tiny"), name="funnel-tiny")
+    task.check_model(create_model("vanilla-tiny"))  # causal: fine
+
+
+def test_cli_lm_refuses_a_bidirectional_model_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "effiformer", "train", "funnel-tiny", "--out", str(tmp_path / "x")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        "effiformer train: error: funnel-tiny is a bidirectional encoder (causal=False): "
+        "next-token prediction would see the target; train it with --task mlm"
+    ]
+    assert not (tmp_path / "x").exists()
+
+
+def test_eval_overrides_evaluate_the_reconfigured_model(byte_corpus):
+    from effiformer.models.transformer_xl import reconfigure
+
+    torch.manual_seed(0)
+    model = create_model("xl-tiny", mem_len=8)
+    kw = dict(batch_size=2, seq_len=16, eval_batch_size=2, eval_tokens=300)
+    plain = LMTask(byte_corpus, **kw).evaluate(model)
+    over = {"mem_len": 32, "clamp_len": 4, "same_length": True}
+    longer = LMTask(byte_corpus, eval_overrides=over, **kw).evaluate(model)
+    assert longer == LMTask(byte_corpus, **kw).evaluate(reconfigure(model, **over))
+    assert longer["bpc"] != plain["bpc"] and longer["tokens"] == plain["tokens"]
+    assert model.config.mem_len == 8  # the trained model itself is untouched
+    with pytest.raises(ValueError, match="only runtime fields"):
+        LMTask(byte_corpus, eval_overrides={"n_layers": 1}, **kw)

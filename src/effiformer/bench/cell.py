@@ -1,4 +1,4 @@
-"""One benchmark cell, run in its own fresh process (``python -m effiformer.benchmark --cell``).
+"""One benchmark cell, run in its own fresh process (``python -m effiformer.bench --cell``).
 
 A fresh process per cell makes the CPU peak-memory figure honest: the process's high-water mark
 belongs to this cell alone. The order inside a cell:
@@ -76,7 +76,7 @@ def bench_overrides(name: str, set_items: Iterable[str], seq_len: int) -> dict[s
     ``seq_len = max(seq_len, config.seq_len)`` and every ``*dropout`` float field set to 0.0
     unless ``--set`` gave it."""
     cls = family_config_class(get_spec(name).family)
-    overrides = parse_overrides(cls, list(set_items))
+    overrides = parse_overrides(get_spec(name).config, list(set_items))
     base = get_config(name, **overrides)
     extra: dict[str, Any] = {"seq_len": max(seq_len, base.seq_len)}
     for f in cls.field_names():
@@ -373,17 +373,28 @@ def _die_with_parent() -> None:
         sys.exit(1)
 
 
-def cell_main(argv: list[str]) -> int:
-    """``python -m effiformer.benchmark --cell CELL.json --result RESULT.json``: run one cell and
-    write its measurements (or ``{"error": ...}``) to RESULT.json. Exit 0 on success, 1 on error."""
-    import argparse
+def _parse_cell_argv(argv: list[str]) -> tuple[Path, Path]:
+    """``--cell CELL.json --result RESULT.json`` (both required, in any order). The harness
+    spawns this entry; people run ``effiformer bench`` (parsing is the CLI's job)."""
+    usage = "usage: python -m effiformer.bench --cell CELL.json --result RESULT.json"
+    values: dict[str, str] = {}
+    rest = list(argv)
+    while rest:
+        flag = rest.pop(0)
+        if flag not in ("--cell", "--result") or not rest:
+            raise SystemExit(f"{usage}\n(this is the per-cell entry of `effiformer bench`)")
+        values[flag] = rest.pop(0)
+    if set(values) != {"--cell", "--result"}:
+        raise SystemExit(f"{usage}\n(this is the per-cell entry of `effiformer bench`)")
+    return Path(values["--cell"]), Path(values["--result"])
 
-    p = argparse.ArgumentParser(prog="python -m effiformer.benchmark")
-    p.add_argument("--cell", required=True, help="JSON file describing the cell")
-    p.add_argument("--result", required=True, help="where to write the measurements")
-    args = p.parse_args(argv)
+
+def cell_main(argv: list[str]) -> int:
+    """``python -m effiformer.bench --cell CELL.json --result RESULT.json``: run one cell and
+    write its measurements (or ``{"error": ...}``) to RESULT.json. Exit 0 on success, 1 on error."""
+    cell_path, result_path = _parse_cell_argv(argv)
     _die_with_parent()
-    cell = json.loads(Path(args.cell).read_text())
+    cell = json.loads(cell_path.read_text())
     try:
         result: dict[str, Any] = run_cell(cell)
         code = 0
@@ -392,5 +403,5 @@ def cell_main(argv: list[str]) -> int:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
         result = {"error": f"{type(e).__name__}: {msg}"[:500]}
         code = 1
-    Path(args.result).write_text(json.dumps(result))
+    result_path.write_text(json.dumps(result))
     return code

@@ -6,7 +6,7 @@ the ``--set`` overrides, the part, the length, batch, device and dtype) and retu
 registered once for a family (``"vanilla"``), an exact model name (``"vanilla-small"``) or every
 family (``"*"``)::
 
-    from effiformer.benchmark import CellSpec, Workload, register_reference
+    from effiformer.bench import CellSpec, Workload, register_reference
 
     def hf_funnel(spec: CellSpec) -> Workload:
         from transformers import FunnelConfig, FunnelModel   # imported inside: optional extra
@@ -19,7 +19,7 @@ family (``"*"``)::
 A reference whose ``requires`` packages are not importable is reported as a skipped row with the
 reason, never an error. Each cell runs in a fresh process, which imports the module that defined
 the factory (``factory.__module__``) or the ``--plugin`` files again, so register references at
-import time of a module (a model file, or a plugin file passed with ``--plugin``).
+import time of a module (this one, or a plugin file passed with ``--plugin``).
 
 Built-in references (no extra needed):
 
@@ -32,6 +32,11 @@ Built-in references (no extra needed):
   stack of ``n_layers`` ``TransformerEncoderLayer`` s (same width, heads, FFN, activation, pre-/post-LN,
   causal mask), final LayerNorm and a tied LM head with cross-entropy: PyTorch's public dense
   Transformer at the shape of our vanilla model.
+
+And one that needs the ``reference`` extra (``transformers``):
+
+- ``hf-funnel`` (funnel, ``--part model``): HF transformers' ``FunnelForMaskedLM`` at the same
+  config (translated by :mod:`effiformer.interop.hf_funnel`).
 """
 
 from __future__ import annotations
@@ -315,6 +320,25 @@ class _TorchNNLM(nn.Module):
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), ids.reshape(-1))
 
 
+def _hf_funnel_reference(spec: CellSpec) -> Workload:
+    """HF transformers' ``FunnelForMaskedLM`` (FunnelModel: encoder + decoder, plus its tied LM
+    head) at the cell's config, forward + MLM loss with ``labels = input_ids``: the same work as
+    effiformer's model row, whose MLM head additionally has the official dense/LN transform
+    (d x d). The config translation is :func:`effiformer.interop.hf_funnel.config_to_hf`."""
+    import transformers
+
+    from ..interop.hf_funnel import config_to_hf
+
+    c = spec.config
+    fields = config_to_hf(c, "FunnelForMaskedLM")
+    for k in ("architectures", "model_type"):
+        fields.pop(k)
+    model = transformers.FunnelForMaskedLM(transformers.FunnelConfig(**fields))
+    model.to(device=spec.device, dtype=spec.dtype).train()
+    ids = torch.randint(0, c.vocab_size, (spec.batch, spec.seq_len), device=spec.device)
+    return Workload(forward=lambda: model(ids, labels=ids).loss, module=model)
+
+
 def _torch_nn_reference(spec: CellSpec) -> Workload:
     from ..layers.positions import sinusoid_table
 
@@ -349,4 +373,12 @@ register_reference(
     name="torch-nn",
     parts=("model",),
     description="embedding + torch.nn.TransformerEncoder stack + tied head, same shape",
+)
+register_reference(
+    "funnel",
+    _hf_funnel_reference,
+    name="hf-funnel",
+    parts=("model",),
+    requires=("transformers",),
+    description="HF transformers FunnelForMaskedLM at the same config",
 )

@@ -7,7 +7,9 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["row_labels", "baselines", "format_table", "plot_results"]
+from .references import list_references, missing_requirements
+
+__all__ = ["row_labels", "baselines", "format_table", "format_references", "plot_results"]
 
 Record = dict[str, Any]
 
@@ -47,6 +49,19 @@ def _ratio(v: float | None, base: float | None) -> str:
     if v is None or base is None or base <= 0:
         return "-"
     return f"{v / base:.2f}"
+
+
+def format_references() -> str:
+    """One line per registered reference: name, target, parts, availability, description."""
+    lines = []
+    for r in list_references():
+        missing = missing_requirements(r)
+        avail = "available" if not missing else f"needs {', '.join(missing)}"
+        lines.append(
+            f"{r.name:<14} beside {r.target:<12} parts={','.join(r.parts):<16} {avail:<12} "
+            f"{r.description}".rstrip()
+        )
+    return "\n".join(lines)
 
 
 def format_table(records: Sequence[Record]) -> str:

@@ -2,6 +2,7 @@
 
 from . import compressive, funnel, transformer, transformer_xl  # noqa: F401  (registration)
 from .base import EffiModel, ModelOutput
+from .classifier import SequenceClassifier
 from .compressive import CompressiveConfig, CompressiveTransformer
 from .funnel import FunnelConfig, FunnelForMaskedLM, FunnelModel
 from .transformer import Transformer, VanillaConfig
@@ -15,6 +16,7 @@ __all__ = [
     "FunnelForMaskedLM",
     "FunnelModel",
     "ModelOutput",
+    "SequenceClassifier",
     "Transformer",
     "TransformerXL",
     "VanillaConfig",

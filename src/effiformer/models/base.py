@@ -221,3 +221,12 @@ class EffiModel(nn.Module):
             return (ids, state) if return_state else ids
         finally:
             self.train(was_training)
+
+    def sequence_classifier(self, n_labels: int) -> nn.Module:
+        """A sequence classifier with ``n_labels`` outputs (1: regression) initialised from this
+        pretrained model, with a fresh head. Default: a
+        :class:`~effiformer.models.classifier.SequenceClassifier` around this model (weights
+        shared, not copied); models with a classifier of their own override it."""
+        from .classifier import SequenceClassifier  # the classifier is built on this base class
+
+        return SequenceClassifier(self, n_labels)

@@ -62,6 +62,7 @@ from torch import nn
 
 from ..config import ConfigError
 from ..layers.compression import COMPRESSIONS, CompressiveMemory, build_compression
+from ..recipes import COMPRESSIVE_RECIPE, register_recipe
 from ..registry import register_family, register_model
 from .transformer_xl import RUNTIME_FIELDS, TransformerXL, XLConfig
 
@@ -120,6 +121,7 @@ def build_compressive(config: CompressiveConfig) -> CompressiveTransformer:
 
 
 register_family(CompressiveConfig, build_compressive)
+register_recipe("compressive", COMPRESSIVE_RECIPE)
 
 register_model(
     "compressive-tiny",

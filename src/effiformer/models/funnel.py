@@ -73,8 +73,10 @@ from ..layers.pooling import (
     stride_slice,
     upsample,
 )
+from ..recipes import FUNNEL_RECIPE, register_recipe
 from ..registry import register_family, register_model
 from .base import IGNORE_INDEX, EffiModel, ModelOutput, lm_loss
+from .classifier import register_classifier
 
 __all__ = [
     "FunnelConfig",
@@ -541,6 +543,13 @@ class FunnelForMaskedLM(_FunnelBase):
     def attention_part(self, x: Tensor) -> Tensor:
         return self.funnel.attention_part(x)
 
+    def sequence_classifier(self, n_labels: int) -> FunnelForSequenceClassification:
+        """Encoder-only :class:`FunnelForSequenceClassification` with this model's pretrained
+        encoder weights (the decoder and MLM head are dropped, paper sec. 4), fresh head."""
+        clf = FunnelForSequenceClassification(self.config, n_labels)
+        clf.funnel.encoder.load_state_dict(self.funnel.encoder.state_dict())
+        return clf
+
 
 class _FunnelWithHead(_FunnelBase):
     """A Funnel (encoder only, or with the decoder) and one head on its last hidden state; the
@@ -775,6 +784,13 @@ class FunnelElectra(_FunnelBase):
         )
         return _carried(_carried(out, gen, "generator."), disc, "discriminator.")
 
+    def sequence_classifier(self, n_labels: int) -> FunnelForSequenceClassification:
+        """Encoder-only :class:`FunnelForSequenceClassification` with the discriminator's
+        pretrained encoder weights (generator, decoder and heads dropped), fresh head."""
+        clf = FunnelForSequenceClassification(self.config, n_labels)
+        clf.funnel.encoder.load_state_dict(self.discriminator.encoder.state_dict())
+        return clf
+
 
 class _ProjectedEmbedding(nn.Module):
     """A shared (V, D_disc) embedding followed by a projection to the generator width."""
@@ -800,6 +816,8 @@ def build_funnel(config: FunnelConfig) -> FunnelForMaskedLM:
 
 
 register_family(FunnelConfig, build_funnel)
+register_recipe("funnel", FUNNEL_RECIPE)
+register_classifier("funnel", FunnelForSequenceClassification)
 
 _H768 = {"dim": 768, "n_heads": 12, "ffn_dim": 3072}
 _H1024 = {"dim": 1024, "n_heads": 16, "ffn_dim": 4096}
@@ -842,6 +860,3 @@ register_model(
     FunnelConfig(block_sizes=(10, 10, 10), **_H1024),
     "B10-10-10H1024: d 1024, 16x64 heads, d_inner 4096, + 2-layer decoder, MLM head",
 )
-
-# The HF checkpoint loader registers the ``hf-funnel`` bench reference (transformers optional).
-from . import hf_funnel as _hf_funnel  # noqa: E402, F401

@@ -22,6 +22,7 @@ from ..attention.registry import build_attention
 from ..config import ModelConfig
 from ..layers import FeedForward, LayerStack, TransformerBlock, build_positions, prefix_keys
 from ..layers.ffn import ACTIVATIONS
+from ..recipes import VANILLA_RECIPE, register_recipe
 from ..registry import register_family, register_model
 from .base import EffiModel, ModelOutput, lm_loss
 
@@ -195,6 +196,7 @@ def build_vanilla(config: VanillaConfig) -> Transformer:
 
 
 register_family(VanillaConfig, build_vanilla)
+register_recipe("vanilla", VANILLA_RECIPE)
 register_model(
     "vanilla-tiny",
     VanillaConfig(dim=64, n_heads=2, n_layers=2, seq_len=128, dropout=0.0),

@@ -66,6 +66,7 @@ from ..attention.relative_xl import RelativeXLConfig
 from ..config import ConfigError, ModelConfig, replace_config
 from ..layers import FeedForward, FIFOMemory, LayerStack, TransformerBlock, prefix_keys
 from ..layers.adaptive import AdaptiveInput, AdaptiveLogSoftmax, check_cutoffs
+from ..recipes import XL_RECIPE, register_recipe
 from ..registry import build_model, register_family, register_model
 from .base import IGNORE_INDEX, EffiModel, ModelOutput, lm_loss
 
@@ -330,6 +331,7 @@ def reconfigure(model: TransformerXL, **overrides: Any) -> TransformerXL:
 
 
 register_family(XLConfig, build_xl)
+register_recipe("xl", XL_RECIPE)
 
 _WT103 = {"vocab_size": 267735, "adaptive": True, "cutoffs": (20000, 40000, 200000)}
 

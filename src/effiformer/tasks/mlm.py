@@ -38,18 +38,32 @@ import logging
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
-from ..data import Corpus, WindowBatcher
+from ..checkpoint import load_checkpoint, load_config, load_weights
+from ..config import ModelConfig, parse_overrides, replace_config
+from ..data import FORMATS, Corpus, WindowBatcher, load_corpus
 from ..data.tokenizer import CLS_TOKEN_TYPE_ID, MASK_ID, PAD_ID, SPECIAL_TOKENS, SubwordTokenizer
 from ..models.base import IGNORE_INDEX, ModelOutput
-from . import Batch, rank_rows, restore_position
+from ..registry import build_model, get_config, get_spec
+from .base import Batch, rank_rows, restore_position
+from .registry import BuildContext, TaskSetup, register_task, task_option
 
-__all__ = ["MLMTask", "mask_tokens", "read_texts", "tokenize_stream"]
+__all__ = [
+    "ElectraOptions",
+    "MLMOptions",
+    "MLMTask",
+    "build_mlm",
+    "electra_generator_config",
+    "mask_tokens",
+    "read_texts",
+    "tokenize_stream",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -320,7 +334,7 @@ class MLMTask:
 
     # ---- batches -------------------------------------------------------------------------
 
-    def _check_model(self, model: nn.Module) -> None:
+    def check_model(self, model: nn.Module) -> None:
         config = getattr(model, "config", None)
         if config is None:
             return
@@ -369,7 +383,7 @@ class MLMTask:
 
     def train_batches(self, model: nn.Module, rank: int = 0, world: int = 1) -> Iterator[Batch]:
         """This rank's rows of each global batch, every tensor (B / world, seq_len)."""
-        self._check_model(model)
+        self.check_model(model)
         lo, rows = rank_rows(self.batch_size, rank, world)
         batcher = WindowBatcher(self.splits["train"], self.batch_size, self.seq_len - 2, self.seed)
         if self._pending is not None:
@@ -542,119 +556,177 @@ class MLMTask:
 
 
 # ------------------------------------------------------------------------------------------------
-# Command line: python -m effiformer.tasks.mlm (the `effiformer train` CLI has no --task yet)
+# Registration: options and builders of the "mlm" and "electra" tasks
 # ------------------------------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m effiformer.tasks.mlm NAME --text PATH --out DIR``: MLM/ELECTRA pretraining of
-    a registered encoder; the tokenizer is trained on the text and saved in every checkpoint."""
-    import argparse
-    import json
-    import sys
+@dataclass(frozen=True, kw_only=True)
+class MLMOptions:
+    """Options of the ``mlm`` task: masked-LM pretraining of a registered encoder on ``text``
+    (split 95/5 by lines) or a corpus ``data``/``format``; a WordPiece tokenizer of
+    ``vocab_size`` is trained on the training split unless ``tokenizer`` is given, and saved in
+    every checkpoint."""
 
-    from ..config import parse_overrides, replace_config
-    from ..data import load_corpus
-    from ..registry import build_model, get_config, get_spec
-    from ..train import TrainConfig, train
+    text: str | None = task_option(
+        None, "UTF-8 text file or folder to pretrain on (split 95/5 by lines)", metavar="PATH"
+    )
+    data: str | None = task_option(None, "a corpus for the LM readers (with --format)")
+    format: str | None = task_option(None, "corpus format of --data", choices=FORMATS)
+    tokenizer: str | None = task_option(
+        None, "an existing tokenizer.json (default: train one)", metavar="PATH"
+    )
+    vocab_size: int = task_option(8000, "subword vocabulary size of the trained tokenizer")
+    batch: int = task_option(16, "global batch size in rows")
+    seq_len: int = task_option(128, "tokens per row, [CLS] and [SEP] included")
+    eval_windows: int = task_option(256, "evaluate on the first N windows of a split", metavar="N")
 
-    p = argparse.ArgumentParser(prog="python -m effiformer.tasks.mlm", description=main.__doc__)
-    p.add_argument("name", help="registered model, e.g. funnel-tiny, vanilla-small (causal=False)")
-    p.add_argument("--text", help="UTF-8 text file or folder (split 95/5 by lines)")
-    p.add_argument("--data", help="a corpus for the LM readers (with --format)")
-    p.add_argument("--format", help="corpus format of --data (enwik8, text8, ptb, text, ...)")
-    p.add_argument("--tokenizer", help="an existing tokenizer.json (default: train one)")
-    p.add_argument("--vocab-size", type=int, default=8000)
-    p.add_argument("--objective", choices=("mlm", "electra"), default="mlm")
-    p.add_argument("--generator-scale", type=int, default=4, help="ELECTRA: generator dim = dim/N")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--steps", type=int, default=1000)
-    p.add_argument("--lr", type=float, default=5e-4)
-    p.add_argument("--warmup", type=int, default=100)
-    p.add_argument("--time-budget", type=float)
-    p.add_argument("--eval-every", type=int, default=200)
-    p.add_argument("--eval-windows", type=int, default=256)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--out", required=True)
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        tokenizer = None if args.tokenizer is None else SubwordTokenizer.load(args.tokenizer)
-        common = {
-            "objective": args.objective,
-            "batch_size": args.batch,
-            "seq_len": args.seq_len,
-            "seed": args.seed,
-            "eval_windows": args.eval_windows,
-        }
-        if (args.text is None) == (args.data is None):
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "batch", "seq_len", "eval_windows"):
+            _positive_int(name, getattr(self, name))
+        if self.seq_len < 3:
+            raise ValueError(f"seq_len must be >= 3 ([CLS], a token, [SEP]), got {self.seq_len}")
+        if (self.text is None) == (self.data is None):
             raise ValueError("give exactly one of --text PATH or --data PATH --format FORMAT")
-        if args.text is not None:
-            lines = read_texts(args.text)
-            k = max(1, len(lines) // 20)
-            task = MLMTask.from_texts(
-                lines[:-k],
-                lines[-k:],
-                tokenizer,
-                vocab_size=args.vocab_size,
-                name=Path(args.text).name,
-                data_spec={"text": str(Path(args.text).resolve())},
-                **common,
-            )
-        else:
-            if args.format is None:
-                raise ValueError("--data needs --format")
-            task = MLMTask.from_corpus(
-                load_corpus(args.data, args.format),
-                tokenizer,
-                vocab_size=args.vocab_size,
-                data_spec={"path": str(Path(args.data).resolve()), "format": args.format},
-                **common,
-            )
-        base = get_spec(args.name).config
-        overrides = parse_overrides(type(base), args.set)
-        overrides.update(vocab_size=task.tokenizer.vocab_size, seq_len=max(args.seq_len, 16))
-        if "causal" in type(base).field_names() and base.family == "vanilla":
-            overrides.setdefault("causal", False)
-        config = get_config(args.name, **overrides)
-        torch.manual_seed(args.seed)
-        if args.objective == "electra":
-            from ..models.funnel import FunnelConfig, FunnelElectra
+        if self.data is not None and self.format is None:
+            raise ValueError(f"--data needs --format (one of {', '.join(FORMATS)})")
 
-            if not isinstance(config, FunnelConfig):
-                raise ValueError("--objective electra needs a Funnel model (funnel-*)")
-            g_heads = max(1, config.n_heads // args.generator_scale)
-            g_config = replace_config(
-                config, dim=config.dim // args.generator_scale, n_heads=g_heads, head_dim=None
-            )
-            model: nn.Module = FunnelElectra(config, g_config)
-        else:
-            model = build_model(config)
-        hist = train(
-            model,
-            task,
-            TrainConfig(
-                steps=args.steps,
-                lr=args.lr,
-                warmup=args.warmup,
-                time_budget=args.time_budget,
-                eval_every=args.eval_every,
-                seed=args.seed,
-                device=args.device,
-                out_dir=args.out,
-                model_name=args.name,
-            ),
+
+@dataclass(frozen=True, kw_only=True)
+class ElectraOptions(MLMOptions):
+    """Options of the ``electra`` task: :class:`MLMOptions` plus the generator's size."""
+
+    generator_scale: int = task_option(4, "ELECTRA generator width: dim / N (heads / N)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _positive_int("generator_scale", self.generator_scale)
+
+
+def electra_generator_config(config: ModelConfig, scale: int) -> ModelConfig:
+    """The ELECTRA generator's config: the discriminator's with ``dim / scale`` and
+    ``n_heads / scale`` (at least one head)."""
+    return replace_config(
+        config, dim=config.dim // scale, n_heads=max(1, config.n_heads // scale), head_dim=None
+    )
+
+
+def _mlm_data(options: MLMOptions, tokenizer: SubwordTokenizer | None, common: dict) -> MLMTask:
+    if options.text is not None:
+        lines = read_texts(options.text)
+        k = max(1, len(lines) // 20)
+        return MLMTask.from_texts(
+            lines[:-k],
+            lines[-k:],
+            tokenizer,
+            vocab_size=options.vocab_size,
+            name=Path(options.text).name,
+            data_spec={"text": str(Path(options.text).resolve())},
+            **common,
         )
-    except (ValueError, FileNotFoundError, KeyError) as e:
-        print(f"effiformer.tasks.mlm: error: {e}", file=sys.stderr)
-        return 2
-    print(json.dumps({"step": hist.step, **(hist.evals[-1] if hist.evals else {})}))
-    print(f"checkpoint {hist.checkpoint} (with tokenizer.json)")
-    return 0
+    return MLMTask.from_corpus(
+        load_corpus(options.data, options.format),
+        tokenizer,
+        vocab_size=options.vocab_size,
+        data_spec={"path": str(Path(options.data).resolve()), "format": options.format},
+        **common,
+    )
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def _build(objective: str, options: MLMOptions, context: BuildContext) -> TaskSetup:
+    if context.resume is not None:
+        tokenizer: SubwordTokenizer | None = SubwordTokenizer.load(context.resume)
+    elif options.tokenizer is not None:
+        tokenizer = SubwordTokenizer.load(options.tokenizer)
+    else:
+        tokenizer = None
+    common = {
+        "objective": objective,
+        "batch_size": options.batch,
+        "seq_len": options.seq_len,
+        "seed": context.seed,
+        "eval_windows": options.eval_windows,
+    }
+    name = context.model_name
+    if name is None:
+        raise ValueError(f"--task {objective} needs a registered model NAME")
+    task = _mlm_data(options, tokenizer, common)
+    if context.resume is not None:
+        config = load_config(context.resume)
+        config = replace_config(config, **parse_overrides(config, context.overrides))
+    else:
+        base = get_spec(name).config
+        overrides = parse_overrides(base, context.overrides)
+        overrides.update(vocab_size=task.tokenizer.vocab_size, seq_len=max(options.seq_len, 16))
+        if base.family == "vanilla":
+            overrides.setdefault("causal", False)  # the dense baseline as a BERT-style encoder
+        config = get_config(name, **overrides)
+    torch.manual_seed(context.seed)
+    if objective == "electra":
+        model = _electra(config, options.generator_scale)  # type: ignore[attr-defined]
+    else:
+        model = build_model(config)
+    return TaskSetup(task=task, model=model, model_name=name, data_name=task.name)
+
+
+def _electra(config: ModelConfig, scale: int) -> nn.Module:
+    from ..models.funnel import FunnelElectra
+
+    if config.family != "funnel":
+        raise ValueError(f"--task electra needs a Funnel model (funnel-*), got a {config.family}")
+    return FunnelElectra(config, electra_generator_config(config, scale))
+
+
+def build_mlm(options: MLMOptions, context: BuildContext) -> TaskSetup:
+    """The ``mlm`` task: an :class:`MLMTask` and the registered encoder (a vanilla model is
+    built with ``causal=False``)."""
+    return _build("mlm", options, context)
+
+
+def build_electra(options: ElectraOptions, context: BuildContext) -> TaskSetup:
+    """The ``electra`` task: an :class:`MLMTask` with ``objective="electra"`` and a
+    :class:`~effiformer.models.funnel.FunnelElectra` generator + discriminator pair."""
+    return _build("electra", options, context)
+
+
+def _load_electra(checkpoint: Path, options: ElectraOptions) -> nn.Module:
+    model = _electra(load_config(checkpoint), options.generator_scale)
+    load_weights(model, checkpoint)
+    return model
+
+
+def _load_mlm(checkpoint: Path, options: MLMOptions) -> nn.Module:
+    return load_checkpoint(checkpoint)[0]
+
+
+def _no_eval(checkpoint: Path, meta: dict[str, Any], options: Any, **kw: Any) -> Any:
+    raise ValueError(
+        f"{str(checkpoint)!r} is a {meta.get('task', {}).get('task')!r} pretraining checkpoint; "
+        "its validation figures are in the run's metrics.jsonl, and `effiformer train --task "
+        "glue-* --init RUN` fine-tunes it"
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class _NoEvalOptions:
+    """Pretraining checkpoints take no evaluation options."""
+
+
+register_task(
+    "mlm",
+    MLMOptions,
+    build_mlm,
+    description="masked-LM pretraining on --text or --data/--format (a subword tokenizer is "
+    "trained and saved)",
+    eval_options=_NoEvalOptions,
+    evaluate=_no_eval,
+    load_model=_load_mlm,
+)
+register_task(
+    "electra",
+    ElectraOptions,
+    build_electra,
+    description="ELECTRA pretraining of a Funnel model (generator + discriminator)",
+    eval_options=_NoEvalOptions,
+    evaluate=_no_eval,
+    load_model=_load_electra,
+)

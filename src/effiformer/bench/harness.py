@@ -1,4 +1,5 @@
-"""Timing, memory and FLOPs harness behind ``effiformer bench``.
+"""The harness behind ``effiformer bench``: plan the cells, run each in a fresh process, collect the
+records, write ``results.jsonl`` and the plot.
 
 For registered model names (or globs) it measures, per cell (name x part x length):
 
@@ -17,7 +18,7 @@ For registered model names (or globs) it measures, per cell (name x part x lengt
 - ``params``: parameters that receive a gradient in the step (the attention layer's alone for
   ``--part attention``).
 
-Every cell runs in its own fresh process (``python -m effiformer.benchmark --cell``), so a cell
+Every cell runs in its own fresh process (``python -m effiformer.bench --cell``), so a cell
 that dies (exception, OOM killer) becomes a skipped record with the reason, and the CPU high-water
 mark belongs to that cell alone. Before a cell starts, its memory is estimated conservatively
 (materialised attention scores and their gradients, activations, weights and gradients) and the
@@ -36,7 +37,6 @@ versions, device name, threads, dtype, git sha, measured peak), an aligned text 
 
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import json
 import logging
@@ -54,40 +54,29 @@ from typing import Any
 
 import torch
 
-from . import __version__
-from .bench.cell import DTYPES, MEMORY_METHODS, bench_overrides, cell_main, load_plugin
-from .bench.references import (
+from .. import __version__
+from ..registry import build_model, get_config, get_spec, list_models
+from .cell import DTYPES, MEMORY_METHODS, bench_overrides, load_plugin
+from .references import (
     PARTS,
     CellSpec,
     Reference,
-    Workload,
     list_references,
     missing_requirements,
     references_for,
-    register_reference,
 )
-from .bench.report import format_table, plot_results
-from .registry import build_model, get_config, get_spec, list_models
+from .report import format_table, plot_results
 
 __all__ = [
     "DEFAULT_NAMES",
     "DEFAULT_LENGTHS",
     "DEFAULT_REFS",
     "BenchResult",
-    "CellSpec",
-    "Workload",
-    "Reference",
-    "register_reference",
-    "list_references",
     "run_bench",
     "resolve_names",
     "estimate_cell_bytes",
     "environment",
     "measure_peak_tflops",
-    "format_table",
-    "plot_results",
-    "add_bench_arguments",
-    "run_bench_cli",
 ]
 
 logger = logging.getLogger(__name__)
@@ -282,7 +271,7 @@ def _meta_model(name: str, overrides: dict[str, Any]) -> torch.nn.Module | None:
 
 
 def _has_attention_part(model: torch.nn.Module) -> bool:
-    from .models.base import EffiModel
+    from ..models.base import EffiModel
 
     fn = getattr(type(model), "attention_part", None)
     return fn is not None and fn is not EffiModel.attention_part
@@ -319,7 +308,7 @@ def _run_cell_process(cell: dict[str, Any], timeout: float | None) -> dict[str, 
         env["EFFIFORMER_BENCH_PARENT"] = str(os.getpid())
         if cell["device"] == "cpu":
             env["OMP_NUM_THREADS"] = str(cell["threads"])
-        cmd = [sys.executable, "-m", "effiformer.benchmark", "--cell", str(cell_path),
+        cmd = [sys.executable, "-m", "effiformer.bench", "--cell", str(cell_path),
                "--result", str(result_path)]  # fmt: skip
         t0 = time.perf_counter()
         try:
@@ -556,166 +545,3 @@ def _measure(c, common, env, limit, limit_why, meta_cache, timeout) -> dict[str,
         mfu = tflops / peak if tflops is not None and peak else None
         rec["mfu_fwd" if tag == "fwd" else "mfu"] = mfu
     return rec
-
-
-# ---------------------------------------------------------------------------------- CLI
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
-
-
-def _nonneg_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return v
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return v
-
-
-def add_bench_arguments(p: argparse.ArgumentParser) -> None:
-    """Declare the ``effiformer bench`` arguments on ``p``."""
-    p.add_argument(
-        "names", nargs="*", metavar="NAME",
-        help="registered names or globs (default set: "
-        f"{' '.join(DEFAULT_NAMES)}, --part both, the default lengths, --refs sdpa)",
-    )  # fmt: skip
-    p.add_argument(
-        "--lengths", nargs="+", type=_positive_int, default=list(DEFAULT_LENGTHS), metavar="T",
-        help=f"sequence lengths (default: {' '.join(map(str, DEFAULT_LENGTHS))})",
-    )  # fmt: skip
-    p.add_argument("--batch", type=_positive_int, default=1, help="batch size (default: 1)")
-    p.add_argument(
-        "--part", choices=["model", "attention", "both"], default=None,
-        help="whole model, one attention layer (model.attention_part), or both "
-        "(default: model when names are given, both for the default set)",
-    )  # fmt: skip
-    p.add_argument(
-        "--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
-        help="config overrides for every name, e.g. --set n_layers=2 dim=128",
-    )  # fmt: skip
-    p.add_argument("--out", default="bench-out", help="output folder (default: bench-out)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="default: cpu")
-    p.add_argument("--dtype", choices=list(DTYPES), default="float32", help="default: float32")
-    p.add_argument(
-        "--threads", type=_positive_int, default=None,
-        help=f"intra-op threads per cell (default: torch's, here {torch.get_num_threads()})",
-    )  # fmt: skip
-    p.add_argument(
-        "--repeats", type=_positive_int, default=5, help="timed runs (median; default 5)"
-    )
-    p.add_argument(
-        "--warmup", type=_nonneg_int, default=1,
-        help="plain warm-up runs after the two FLOP-counting passes (default: 1)",
-    )  # fmt: skip
-    p.add_argument(
-        "--refs", nargs="+", default=None, metavar="PATTERN",
-        help="reference rows to include, globs over their names, or 'none' (default: all "
-        "that apply; sdpa only for the default set)",
-    )  # fmt: skip
-    p.add_argument("--refs-only", action="store_true", help="time only the reference rows")
-    p.add_argument("--list-refs", action="store_true", help="list registered references and exit")
-    p.add_argument(
-        "--plugin", dest="plugins", action="append", default=[], metavar="MODULE_OR_FILE",
-        help="import a module or .py file that registers references (repeatable)",
-    )  # fmt: skip
-    p.add_argument(
-        "--max-memory-mib", type=_positive_float, default=None,
-        help="skip cells whose estimated memory exceeds this (default: available memory)",
-    )  # fmt: skip
-    p.add_argument(
-        "--memory-method", choices=list(MEMORY_METHODS), default="auto",
-        help="CPU peak memory: clear_refs (reset high-water mark) or maxrss (first-step "
-        "getrusage difference); auto picks clear_refs when /proc allows (default)",
-    )  # fmt: skip
-    p.add_argument(
-        "--cell-timeout", type=_positive_float, default=1800.0,
-        help="seconds before a cell is killed and reported as skipped (default: 1800)",
-    )  # fmt: skip
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.add_argument("--no-plot", action="store_true", help="do not draw bench.png")
-
-
-def _format_refs() -> str:
-    lines = []
-    for r in list_references():
-        missing = missing_requirements(r)
-        avail = "available" if not missing else f"needs {', '.join(missing)}"
-        lines.append(
-            f"{r.name:<14} beside {r.target:<12} parts={','.join(r.parts):<16} {avail:<12} "
-            f"{r.description}".rstrip()
-        )
-    return "\n".join(lines)
-
-
-def run_bench_cli(args: argparse.Namespace) -> int:
-    """``effiformer bench``: run, print the table, say where the files are."""
-    if args.list_refs:
-        for plugin in args.plugins:
-            load_plugin(plugin)
-        print(_format_refs())
-        return 0
-    parts = None if args.part is None else (PARTS if args.part == "both" else (args.part,))
-    result = run_bench(
-        args.names,
-        lengths=args.lengths,
-        batch=args.batch,
-        parts=parts,
-        overrides=args.overrides,
-        device=args.device,
-        dtype=args.dtype,
-        threads=args.threads,
-        repeats=args.repeats,
-        warmup=args.warmup,
-        out=args.out,
-        refs=args.refs,
-        refs_only=args.refs_only,
-        plugins=args.plugins,
-        max_memory_mib=args.max_memory_mib,
-        memory_method=args.memory_method,
-        cell_timeout=args.cell_timeout,
-        progress=not args.no_progress,
-        plot=not args.no_plot,
-    )
-    env = result.env
-    peak = env.get("peak_tflops")
-    print(
-        f"# torch {env['torch']} on {env['device_name']} ({env['device']}), {env['threads']} "
-        f"threads, {env['dtype']}, matmul peak {peak:.3f} TFLOP/s, git {env['git_sha']}"
-        if peak is not None
-        else f"# torch {env['torch']} on {env['device_name']}"
-    )
-    print(result.table)
-    n_skipped = sum(r["status"] != "ok" for r in result.records)
-    print(
-        f"\nwrote {result.results_path}" + (f" and {result.plot_path}" if result.plot_path else "")
-    )
-    if n_skipped:
-        print(f"{n_skipped} of {len(result.records)} cells skipped (see the note column)")
-    return 0
-
-
-if __name__ == "__main__":
-    if "--cell" in sys.argv[1:]:  # one cell in this fresh process (the registries live in
-        sys.exit(cell_main(sys.argv[1:]))  # effiformer.bench.*, so running as __main__ is fine)
-    from effiformer.cli import main as _cli_main
-
-    sys.exit(_cli_main(["bench", *sys.argv[1:]]))

@@ -45,7 +45,7 @@ from torch import nn
 
 from ..attention.funnel_relative import FunnelAttentionConfig
 from ..checkpoint import CheckpointError, atomic_write_bytes
-from .funnel import (
+from ..models.funnel import (
     FunnelConfig,
     FunnelForMaskedLM,
     FunnelForMultipleChoice,
@@ -311,41 +311,3 @@ def save_hf_funnel(model: nn.Module, directory: str | os.PathLike) -> Path:
     hf = config_to_hf(config, arch, n_labels)
     atomic_write_bytes(directory / "config.json", json.dumps(hf, indent=2).encode())
     return directory
-
-
-# ------------------------------------------------------------------ `effiformer bench` reference
-
-
-def hf_funnel_reference(spec):
-    """``effiformer bench`` reference row ``hf-funnel``: HF transformers' ``FunnelForMaskedLM``
-    (FunnelModel: encoder + decoder, plus its tied LM head) at the cell's config, forward +
-    MLM loss with ``labels = input_ids`` -- the same work as effiformer's model row, whose MLM
-    head additionally has the official dense/LN transform (d x d)."""
-    import transformers
-
-    from ..bench.references import Workload
-
-    c = spec.config
-    fields = config_to_hf(c, "FunnelForMaskedLM")
-    for k in ("architectures", "model_type"):
-        fields.pop(k)
-    model = transformers.FunnelForMaskedLM(transformers.FunnelConfig(**fields))
-    model.to(device=spec.device, dtype=spec.dtype).train()
-    ids = torch.randint(0, c.vocab_size, (spec.batch, spec.seq_len), device=spec.device)
-    return Workload(forward=lambda: model(ids, labels=ids).loss, module=model)
-
-
-def _register_reference() -> None:
-    from ..bench.references import register_reference
-
-    register_reference(
-        "funnel",
-        hf_funnel_reference,
-        name="hf-funnel",
-        parts=("model",),
-        requires=("transformers",),
-        description="HF transformers FunnelForMaskedLM at the same config",
-    )
-
-
-_register_reference()

@@ -1,0 +1,65 @@
+"""``effiformer eval``: score a checkpoint through the task that trained it (the task recorded in
+its ``meta.json``, resolved by the task registry), print a JSON record (and a summary line)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..checkpoint import resolve_checkpoint, verify_checkpoint
+from ..tasks import get_task, list_tasks
+from ..tasks.registry import make_options
+from .common import setup_logging
+from .flags import OptionFlags, add_option_flags
+
+EPILOG = """examples:
+  effiformer eval runs/tiny
+  effiformer eval runs/ptb --data ../shared/data/ptb --format ptb --split test
+  effiformer eval runs/xl --mem-len 512 --clamp-len 128 --same-length
+  effiformer eval runs/sst2                      # a GLUE fine-tuning run: its dev set"""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "eval",
+        help="evaluate a checkpoint",
+        description="Evaluate a checkpoint on a split, through the task it was trained on.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("checkpoint", help="run directory (uses its latest checkpoint) or checkpoint")
+    p.add_argument(
+        "--split",
+        default="valid",
+        choices=("valid", "dev", "test", "train"),
+        help="split to score (default valid; GLUE: valid = dev)",
+    )
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda (default auto)")
+    specs = [(t, get_task(t).eval_options) for t in list_tasks()]
+    flags = add_option_flags(
+        p,
+        specs,
+        title="task options",
+        description="each applies to checkpoints of the tasks its help names",
+    )
+    p.set_defaults(task_flags=flags)
+
+
+def run(args: argparse.Namespace) -> int:
+    flags: OptionFlags = args.task_flags
+    setup_logging()
+    checkpoint = resolve_checkpoint(args.checkpoint)
+    meta = verify_checkpoint(checkpoint)
+    task_name = (meta.get("task") or {}).get("task") or "lm"
+    spec = get_task(task_name)
+    what = f"a {task_name!r} checkpoint"
+    if spec.evaluate is None or spec.eval_options is None:
+        raise ValueError(f"{str(checkpoint)!r} is {what}; that task has no evaluation")
+    options = make_options(
+        spec.eval_options, flags.values(args, task_name, what=f"evaluating {what}"), owner=what
+    )
+    report = spec.evaluate(checkpoint, meta, options, split=args.split, device=args.device)
+    print(json.dumps(report.record))
+    if report.summary:
+        print(report.summary)
+    return 0

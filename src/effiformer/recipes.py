@@ -1,0 +1,313 @@
+"""Training recipes: each family's paper recipe, by family name.
+
+A :class:`TrainRecipe` is how a paper trained its model: the optimiser, its learning rate, betas,
+epsilon and weight decay (and which parameters are excluded from decay), the warmup, the schedule
+shape and its floor, and gradient clipping. The recipes are defined below, each with its source;
+a family registers its recipe once, at the bottom of its model file, right after its
+``register_family`` line::
+
+    register_recipe("xl", XL_RECIPE)
+
+``effiformer train`` takes the recipe of the model's family unless flags override fields
+(:func:`apply_recipe` records which); :func:`effiformer.train.train` itself only reads a
+:class:`~effiformer.train.TrainConfig`, whose fields of the same names the recipe fills.
+
+Paper warmups are sized for runs of 10^5-10^6 steps. :func:`apply_recipe` caps a warmup longer
+than 10% of the run at 10% of the run (at least one step) and says so; it changes nothing else.
+
+This module is low: it imports nothing of effiformer but :mod:`effiformer.config`. Families
+register their recipes when :mod:`effiformer.models` is imported (``create_model`` and the CLI do).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from .config import ConfigError
+
+__all__ = [
+    "COMPRESSIVE_RECIPE",
+    "FUNNEL_RECIPE",
+    "VANILLA_RECIPE",
+    "XL_RECIPE",
+    "NO_DECAY_RULES",
+    "OPTIMIZERS",
+    "RECIPE_FIELDS",
+    "SCHEDULES",
+    "RecipeChoice",
+    "TrainRecipe",
+    "apply_recipe",
+    "describe_training",
+    "get_recipe",
+    "list_recipes",
+    "register_recipe",
+]
+
+#: Optimisers :func:`effiformer.train.train` builds: ``adamw`` (decoupled weight decay,
+#: Loshchilov & Hutter 2019), ``adam`` (torch's Adam; weight decay is an L2 term), ``adagrad``.
+OPTIMIZERS = ("adamw", "adam", "adagrad")
+#: Schedules after the linear warmup: ``cosine`` to ``min_lr_ratio``, ``linear`` to
+#: ``min_lr_ratio``, ``constant``, ``inverse_sqrt`` (fairseq's: ``sqrt(warmup / step)``).
+SCHEDULES = ("cosine", "linear", "constant", "inverse_sqrt")
+#: Which parameters weight decay applies to.
+NO_DECAY_RULES: dict[str, str] = {
+    "1d": "no decay on parameters with fewer than 2 dims (biases, norm weights, other vectors)",
+    "bias-norm": "no decay on biases and normalisation weights (BERT's exclusion)",
+    "bias-norm-embedding": "no decay on biases, normalisation weights and embeddings",
+}
+#: The :class:`~effiformer.train.TrainConfig` fields a recipe sets.
+RECIPE_FIELDS = (
+    "optimizer",
+    "lr",
+    "betas",
+    "eps",
+    "weight_decay",
+    "no_decay",
+    "warmup",
+    "schedule",
+    "min_lr_ratio",
+    "clip",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainRecipe:
+    """A paper's training recipe. ``name``: what the recipe line calls it (the family);
+    ``source``: the paper and script it comes from; ``steps``: the run length the schedule was
+    made for (informative; ``None``: not tied to one); ``notes``: deliberate deviations.
+    The other fields mean what the :class:`~effiformer.train.TrainConfig` fields of the same
+    names mean (``clip=None``: no clipping)."""
+
+    name: str
+    source: str
+    optimizer: str = "adamw"
+    lr: float
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    no_decay: str = "1d"
+    warmup: int = 0
+    schedule: str = "cosine"
+    min_lr_ratio: float = 0.0
+    clip: float | None = None
+    steps: int | None = None
+    notes: str = ""
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(
+                f"optimizer must be one of {list(OPTIMIZERS)}, got {self.optimizer!r}"
+            )
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"schedule must be one of {list(SCHEDULES)}, got {self.schedule!r}")
+        if self.no_decay not in NO_DECAY_RULES:
+            raise ConfigError(
+                f"no_decay must be one of {list(NO_DECAY_RULES)}, got {self.no_decay!r}"
+            )
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ConfigError(f"lr must be a positive number, got {self.lr!r}")
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ConfigError(f"warmup must be an integer >= 0, got {self.warmup!r}")
+
+    def values(self) -> dict[str, Any]:
+        """The :data:`RECIPE_FIELDS` of this recipe, as ``TrainConfig`` keyword arguments."""
+        return {k: getattr(self, k) for k in RECIPE_FIELDS}
+
+
+# ------------------------------------------------------------------------------------------------
+# The papers' recipes (registered by the model files)
+# ------------------------------------------------------------------------------------------------
+
+#: The dense baseline: the project's GPT-2-style default (what ``TrainConfig()`` defaults to).
+VANILLA_RECIPE = TrainRecipe(
+    name="vanilla",
+    source="project default, GPT-2 style",
+    optimizer="adamw",
+    lr=1e-3,
+    betas=(0.9, 0.99),
+    eps=1e-8,
+    weight_decay=0.1,
+    no_decay="1d",
+    warmup=100,
+    schedule="cosine",
+    min_lr_ratio=0.1,
+    clip=1.0,
+)
+
+#: Transformer-XL (Dai et al. 2019, arXiv 1901.02860): ``pytorch/run_enwik8_base.sh``
+#: (``--optim adam --lr 0.00025 --warmup_step 0 --max_step 400000``) with ``pytorch/train.py``'s
+#: defaults for what the script does not set (``--scheduler cosine``, ``--eta_min 0.0``,
+#: ``--clip 0.25``; Adam's own betas and eps; no weight decay).
+XL_RECIPE = TrainRecipe(
+    name="xl",
+    source="Dai et al. 2019, run_enwik8_base.sh",
+    optimizer="adam",
+    lr=2.5e-4,
+    betas=(0.9, 0.999),
+    eps=1e-8,
+    weight_decay=0.0,
+    warmup=0,
+    schedule="cosine",
+    min_lr_ratio=0.0,
+    clip=0.25,
+    steps=400_000,
+)
+
+#: Compressive Transformer (Rae et al. 2019, arXiv 1911.05507, sec. 5 / appendix): Adam, linear
+#: warmup to 3e-4 over 4,000 steps (character-level corpora; 16,000 for words), cosine decay to
+#: 1e-6 over 100,000 steps, gradient-norm clip 0.1. Deviations: the warmup starts at lr / 4000
+#: (ours) instead of 1e-6; the paper's switch after 60k iterations to one update every 4 steps
+#: instead of decaying the lr is not implemented.
+COMPRESSIVE_RECIPE = TrainRecipe(
+    name="compressive",
+    source="Rae et al. 2019, sec. 5, character-level",
+    optimizer="adam",
+    lr=3e-4,
+    betas=(0.9, 0.999),
+    eps=1e-8,
+    weight_decay=0.0,
+    warmup=4000,
+    schedule="cosine",
+    min_lr_ratio=1e-6 / 3e-4,
+    clip=0.1,
+    steps=100_000,
+    notes="warmup starts at lr/warmup, not 1e-6; no every-4-steps phase after 60k",
+)
+
+#: Funnel-Transformer MLM pretraining (Dai et al. 2020, arXiv 2006.03236, base scale: 1M steps),
+#: BERT-style: Adam with decoupled weight decay 0.01 not applied to biases and LayerNorm
+#: weights, lr 1e-4, 10k warmup steps, then linear decay to 0. Betas (0.9, 0.99), eps 1e-6 and
+#: clip 1.0 are the defaults of the official ``tensorflow/optimization.py`` (its pretraining
+#: scripts are not released).
+FUNNEL_RECIPE = TrainRecipe(
+    name="funnel",
+    source="Dai et al. 2020, MLM pretraining (BERT-style)",
+    optimizer="adamw",
+    lr=1e-4,
+    betas=(0.9, 0.99),
+    eps=1e-6,
+    weight_decay=0.01,
+    no_decay="bias-norm",
+    warmup=10_000,
+    schedule="linear",
+    min_lr_ratio=0.0,
+    clip=1.0,
+    steps=1_000_000,
+)
+
+_RECIPES: dict[str, TrainRecipe] = {}
+
+
+def register_recipe(family: str, recipe: TrainRecipe) -> None:
+    """Register ``recipe`` as the training recipe of ``family`` (once per family)."""
+    if not isinstance(recipe, TrainRecipe):
+        raise TypeError(f"recipe must be a TrainRecipe, got {type(recipe).__name__}")
+    if family in _RECIPES and _RECIPES[family] != recipe:
+        raise ValueError(f"family {family!r} already has a training recipe")
+    _RECIPES[family] = recipe
+
+
+def get_recipe(family: str) -> TrainRecipe:
+    """The recipe ``family`` registered (families register when :mod:`effiformer.models` is
+    imported)."""
+    if family not in _RECIPES:
+        known = ", ".join(sorted(_RECIPES)) or "none yet (import effiformer.models)"
+        raise KeyError(f"no training recipe registered for family {family!r}; registered: {known}")
+    return _RECIPES[family]
+
+
+def list_recipes() -> dict[str, TrainRecipe]:
+    """Every registered recipe by family."""
+    return dict(_RECIPES)
+
+
+@dataclass(frozen=True)
+class RecipeChoice:
+    """What :func:`apply_recipe` decided: ``values`` (the :data:`RECIPE_FIELDS` as
+    ``TrainConfig`` keyword arguments), which fields the caller ``overridden``, and the warmup
+    cap applied (``(recipe warmup, capped warmup)``, or ``None``)."""
+
+    recipe: TrainRecipe
+    values: dict[str, Any]
+    overridden: tuple[str, ...]
+    steps: int
+    warmup_capped: tuple[int, int] | None = None
+
+    def describe(self) -> str:
+        """``recipe xl (Dai et al. 2019, ...): Adam lr 0.00025, ...`` (without the overrides,
+        which the caller names in its own vocabulary: flags, keyword arguments)."""
+        return (
+            f"recipe {self.recipe.name} ({self.recipe.source}): "
+            f"{describe_training(self.values, steps=self.steps, warmup_capped=self.warmup_capped)}"
+        )
+
+
+def apply_recipe(
+    recipe: TrainRecipe, *, steps: int, overrides: Mapping[str, Any] | None = None
+) -> RecipeChoice:
+    """``recipe``'s values with ``overrides`` (a subset of :data:`RECIPE_FIELDS`) applied for a
+    run of ``steps`` steps. A recipe warmup longer than 10% of the run is capped at
+    ``max(1, steps // 10)`` unless ``warmup`` is overridden; nothing else changes."""
+    overrides = dict(overrides or {})
+    bad = sorted(set(overrides) - set(RECIPE_FIELDS))
+    if bad:
+        raise ConfigError(f"{bad[0]!r} is not a recipe field; recipe fields: {RECIPE_FIELDS}")
+    values = recipe.values()
+    capped = None
+    cap = max(1, steps // 10)
+    if "warmup" not in overrides and values["warmup"] > cap:
+        capped = (values["warmup"], cap)
+        values["warmup"] = cap
+    values.update(overrides)
+    order = [f.name for f in fields(TrainRecipe)]
+    return RecipeChoice(
+        recipe=recipe,
+        values=values,
+        overridden=tuple(sorted(overrides, key=order.index)),
+        steps=steps,
+        warmup_capped=capped,
+    )
+
+
+_OPTIMIZER_NAMES = {"adamw": "AdamW", "adam": "Adam", "adagrad": "Adagrad"}
+
+
+def describe_training(
+    values: Mapping[str, Any], *, steps: int | None = None, warmup_capped: tuple | None = None
+) -> str:
+    """One human line for the :data:`RECIPE_FIELDS` in ``values``, e.g. ``Adam lr 0.00025,
+    betas (0.9, 0.999), eps 1e-08, cosine to 0, warmup 0, clip 0.25, no weight decay``."""
+    v = values
+    lr = float(v["lr"])
+    parts = [f"{_OPTIMIZER_NAMES.get(v['optimizer'], v['optimizer'])} lr {lr:g}"]
+    if v["optimizer"] != "adagrad":
+        b1, b2 = v["betas"]
+        parts.append(f"betas ({b1:g}, {b2:g})")
+    parts.append(f"eps {float(v['eps']):g}")
+    floor = lr * float(v["min_lr_ratio"])
+    if v["schedule"] in ("cosine", "linear"):
+        parts.append(f"{v['schedule']} to {floor:.3g}")
+    elif v["schedule"] == "inverse_sqrt":
+        parts.append("inverse-sqrt decay")
+    else:
+        parts.append("constant")
+    if warmup_capped is not None:
+        parts.append(
+            f"warmup {warmup_capped[0]} capped to {warmup_capped[1]} (10% of this {steps}-step run)"
+        )
+    else:
+        parts.append(f"warmup {v['warmup']}")
+    parts.append("no clipping" if not v["clip"] else f"clip {float(v['clip']):g}")
+    if not v["weight_decay"]:
+        parts.append("no weight decay")
+    else:
+        where = {
+            "1d": "matrices only",
+            "bias-norm": "not on biases/norms",
+            "bias-norm-embedding": "not on biases/norms/embeddings",
+        }[v["no_decay"]]
+        parts.append(f"weight decay {float(v['weight_decay']):g} ({where})")
+    return ", ".join(parts)

@@ -1,0 +1,58 @@
+"""The package layout the conventions ask for: argument parsing only in the CLI, imports that point
+down (no import circle but the registry's registration list)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src"
+TOOL = ROOT.parent / "shared" / "tools" / "import_circles.py"
+
+
+def test_argparse_only_in_the_cli():
+    users = sorted(
+        str(p.relative_to(SRC))
+        for p in (SRC / "effiformer").rglob("*.py")
+        if "argparse" in p.read_text()
+    )
+    assert users, "the CLI parses with argparse"
+    assert all(u.startswith("effiformer/cli/") for u in users), users
+
+
+def test_nothing_in_the_library_imports_the_cli():
+    for p in (SRC / "effiformer").rglob("*.py"):
+        rel = p.relative_to(SRC / "effiformer")
+        if rel.parts[0] == "cli" or rel.name == "__main__.py":
+            continue
+        text = p.read_text()
+        assert (
+            "from .cli" not in text and "from ..cli" not in text and "effiformer.cli" not in text
+        ), rel
+
+
+@pytest.mark.skipif(
+    not TOOL.is_file(),
+    reason=f"the import-circle tool is not at {TOOL} (../shared beside the repo)",
+)
+def test_no_import_circles():
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(TOOL),
+            "src",
+            "effiformer",
+            "effiformer.registry",
+            "effiformer.models",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 import circle(s)" in proc.stdout
