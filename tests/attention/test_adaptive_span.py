@@ -278,7 +278,8 @@ def test_window_and_reach_follow_the_official_rule():
 
 
 def test_chunk_choice_minimises_scored_pairs():
-    assert _choose_chunk(512, 8192, 8703, 64) == 64  # 8 chunks x 64 x 8255 < 512 x 8703
+    assert _choose_chunk(512, 8192, 8703, 64) == 512  # 8 x 64 x 8255 saves only 5%
+    assert _choose_chunk(512, 896, 1407, 64) == 64  # 8 x 64 x 959: 65% fewer than 512 x 1407
     assert _choose_chunk(1024, 1023, 1023, 64) == 1024  # full span over one segment: one chunk
     assert _choose_chunk(40, 5, 44, 4) == 4
     assert _choose_chunk(64, 64, 64, 64) == 64

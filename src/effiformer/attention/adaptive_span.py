@@ -38,7 +38,7 @@ Implemented:
   Within the window the queries are processed in chunks of ``C`` (a power-of-two multiple of
   ``trim_step``, or the whole segment), each against its own ``C + W - 1`` keys, the chunk size
   chosen per call to minimise ``T * (C + W - 1)``; with ``C = T`` this is the official layout's
-  ``T * (T + W)`` cost. The position term is laid out with the same skew as the official code.
+  ``T * (T + W)`` cost, kept unless chunks save over 10% of it. The position term is laid out with the same skew as the official code.
 - **The cache sized to the span** (``adapt_span_cache``, official ``get_cache_size``): in a model
   with a FIFO memory (the ``xl`` family with ``attention=adaptive_span``) each layer keeps
   ``min(mem_len, W + trim_step)`` detached past inputs (:meth:`memory_len`), the ``trim_step``
@@ -192,16 +192,18 @@ def _skew(x: Tensor) -> Tensor:
 
 
 def _choose_chunk(tq: int, window: int, n_keys: int, step: int) -> int:
-    """Query chunk size minimising the scored (query, key) pairs: the whole segment (one chunk,
-    ``tq * n_keys`` pairs) or ``step * 2**k < tq`` (``ceil(tq / C) * C * (C + window - 1)``)."""
-    best, best_cost = tq, tq * n_keys
+    """Query chunk size: the whole segment (one chunk, ``tq * n_keys`` scored pairs, no copies
+    of the keys) unless some ``C = step * 2**k < tq`` scores over 10% fewer pairs
+    (``ceil(tq / C) * C * (C + window - 1)``; its unfolded key and value windows are copies)."""
+    whole = tq * n_keys
+    best, best_cost = tq, whole
     c = step
     while c < tq:
         cost = -(-tq // c) * c * (c + window - 1)
         if cost < best_cost:
             best, best_cost = c, cost
         c *= 2
-    return best
+    return best if best_cost < 0.9 * whole else tq
 
 
 class AdaptiveSpanAttention(AttentionPart):
