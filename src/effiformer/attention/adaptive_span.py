@@ -642,8 +642,8 @@ def plot_span_report(
     ax.set_xlabel("layer")
     ax.set_ylabel("span z = p S (tokens)")
     ax.set_title(title)
-    if len(heads) <= 8:
-        ax.legend(fontsize=6, ncol=2)
+    if len(heads) <= 16:
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
