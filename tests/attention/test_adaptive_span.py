@@ -2,7 +2,6 @@
 itself), trimming, the span-sized cache, the penalty, the clamp, and spans that move the right
 way when trained."""
 
-
 import pytest
 import torch
 from torch.testing import assert_close

@@ -361,6 +361,12 @@ class AdaptiveSpanAttention(AttentionPart):
         """Chunked windowed attention. q (B, H, Tq, Dh) already scaled; k, v (B, H, Nk, Dh) the
         reachable keys, query 0 sitting at key index ``first`` (its own position); key_padding
         (B, Nk) or None; w the window (slots 0 .. w-1, distance = slot + offset) -> (B,H,Tq,Dh).
+
+        Chunk j's queries (C of them) and its window of C + w - 1 keys: content scores over the
+        window, then *unskewed* into slot coordinates (query a's column i is the key at window
+        index a + i, slot w - 1 - i: the official layout, nearest key last), where the position
+        term is a plain q . key_pe and the soft mask one (H, w) table per head; the weights are
+        skewed back onto the window for the values.
         """
         c, off = self.config, self._offset
         b, h, tq, dh = q.shape
@@ -373,57 +379,57 @@ class AdaptiveSpanAttention(AttentionPart):
         pad_l = (w - 1 + off) - first
         pad_q = n * chunk - tq
         qc = F.pad(q, (0, 0, 0, pad_q)).view(b, h, n, chunk, dh)  # (B, H, n, C, Dh)
-        if n == 1:  # one chunk: no padded keys, slice the grids instead
+        if n == 1:  # one chunk: score the existing keys only, pad the scores instead
             col0 = pad_l
             kw, vw = k.unsqueeze(2), v.unsqueeze(2)  # (B, H, 1, Nk, Dh)
-            kpw = None if key_padding is None else key_padding[:, None, :]  # (B, 1, Nk)
         else:
             col0 = 0
             pad_r = n * chunk + w - 1 - pad_l - n_keys
             kw = F.pad(k, (0, 0, pad_l, pad_r)).unfold(2, span, chunk).transpose(-1, -2)
             vw = F.pad(v, (0, 0, pad_l, pad_r)).unfold(2, span, chunk).transpose(-1, -2)
             # kw, vw: (B, H, n, C + w - 1, Dh)
-            kpw = None
-            if key_padding is not None:
-                kpw = F.pad(key_padding, (pad_l, pad_r), value=False).unfold(1, span, chunk)
-                # kpw: (B, n, C + w - 1)
+        work = torch.promote_types(q.dtype, torch.float32)
+        content = (qc @ kw.transpose(-1, -2)).to(work)  # (B, H, n, C, span - col0)
+        if col0:
+            content = F.pad(content, (col0, 0))  # (B, H, 1, C, span)
+        # Unskew: column i of query a is window column a + i (flatten, pad C, view C x span+1).
+        flat = F.pad(content.reshape(b, h, n, chunk * span), (0, chunk))
+        scores = flat.view(b, h, n, chunk, span + 1)[..., :w]  # (B, H, n, C, w), slots w-1..0
+        pe = key_pe[0, :, c.max_span - w :]  # (Dh, w): column i is slot w - 1 - i
+        scores = scores + (qc @ pe).to(work)  # (B, H, n, C, w)
         dev = q.device
-        # Grid of slots: query a of a chunk, window column b -> slot u = a + w - 1 - (b + col0).
-        a_idx = torch.arange(chunk, device=dev)[:, None]
-        b_idx = torch.arange(col0, span, device=dev)[None, :]
-        slot = a_idx + (w - 1) - b_idx  # (C, cols)
-        in_band = (slot >= 0) & (slot < w)
-        # Keys that exist (not left/right padding): padded index j * chunk + b in [pad_l, pad_l + Nk)
-        kidx = torch.arange(n, device=dev)[:, None, None] * chunk + b_idx[None]  # (n, 1, cols)
-        exists = (kidx >= pad_l) & (kidx < pad_l + n_keys)
-        valid = (in_band[None] & exists)[None, None]  # (1, 1, n, C, cols)
-        if kpw is not None:
-            valid = valid & kpw[:, None, :, None, :]  # (B, 1, n, C, cols)
-        # Scores: content q.k plus position q.p_{slot}, laid out by the official skew.
-        pe = key_pe[0, :, c.max_span - w :]  # (Dh, w): column j is slot w - 1 - j
-        pos = _skew(qc @ pe)[..., col0:]  # (B, H, n, C, cols)
-        scores = qc @ kw.transpose(-1, -2) + pos  # (B, H, n, C, cols)
-        work = torch.promote_types(scores.dtype, torch.float32)
-        z = (self.current_val * c.max_span).to(work).view(h, 1, 1, 1)
-        dist = (slot + off).to(work)  # (C, cols)
+        dist = (torch.arange(w - 1, -1, -1, device=dev) + off).to(work)  # (w,) per column
+        # Slots without a key: padded key index j * chunk + a + i outside the real keys, or
+        # key padding.
+        kidx = (
+            torch.arange(n, device=dev)[:, None, None] * chunk
+            + torch.arange(chunk, device=dev)[None, :, None]
+            + torch.arange(w, device=dev)[None, None, :]
+        )  # (n, C, w)
+        missing = ((kidx < pad_l) | (kidx >= pad_l + n_keys))[None, None]  # (1, 1, n, C, w)
+        if key_padding is not None:
+            kp = F.pad(key_padding, (pad_l, n * chunk + w - 1 - pad_l - n_keys), value=False)
+            missing = missing | ~kp[:, None, kidx]  # (B, 1, n, C, w)
         # The softmax runs over the keys the head's ramp reaches (distance <= z + R, the ramp's
         # end included so that the clamp passes its gradient): trimming never changes it.
-        # Rows with no such key (the first query of a segment without memory) stay unmasked
-        # for a finite softmax; their weights are zeroed by `valid` and the mask below.
-        support = valid & (dist <= z.detach() + c.ramp)  # (B or 1, H, n, C, cols)
-        empty = ~support.any(-1, keepdim=True)
-        scores = scores.to(work).masked_fill(~(support | empty), float("-inf"))
+        z = (self.current_val * c.max_span).to(work).view(h, 1, 1, 1)
+        masked = missing | (dist > z.detach() + c.ramp)  # (B or 1, H, n, C, w)
+        # A row with nothing to attend to (the first query of a segment without memory): the
+        # most negative finite score keeps its softmax finite (and every other row's masked
+        # weights exactly 0); its output is zeroed below.
+        empty = masked.all(-1, keepdim=True)  # (B or 1, H, n, C, 1)
+        scores = scores.masked_fill(masked, torch.finfo(work).min)
         probs = torch.softmax(scores, dim=-1)
-        # The soft mask over distance = slot + offset, per head: after the softmax, then rows
-        # renormalised (official AdaptiveSpan.forward).
-        m = soft_mask(dist, z, c.ramp)  # (H, 1, C, cols)
-        probs = probs * (m * valid.to(work))
+        # The soft mask over distance, per head: after the softmax, then each row renormalised
+        # (official AdaptiveSpan.forward).
+        probs = probs * soft_mask(dist, z, c.ramp)  # (H, 1, 1, w) broadcast
         den = probs.sum(-1, keepdim=True) + c.eps
         if c.eps == 0:
             den = den.masked_fill(den == 0, 1.0)
-        probs = probs / den
+        probs = probs * (~empty / den)
         if self.training and self.dropout > 0:
             probs = F.dropout(probs, self.dropout)
+        probs = _skew(probs)[..., col0:]  # (B, H, n, C, span - col0) over the window's keys
         o = probs.to(vw.dtype) @ vw  # (B, H, n, C, Dh)
         return o.reshape(b, h, n * chunk, dh)[:, :, :tq]  # (B, H, Tq, Dh)
 
