@@ -4,7 +4,13 @@ Each mechanism file registers itself (:func:`~effiformer.attention.registry.regi
 when imported from the explicit list below.
 """
 
-from . import dense, funnel_relative, local, relative_xl  # noqa: F401  (registration)
+from . import (  # noqa: F401  (registration, from this explicit list)
+    adaptive_span,
+    dense,
+    funnel_relative,
+    local,
+    relative_xl,
+)
 from .base import (
     AttentionConfig,
     AttentionDims,

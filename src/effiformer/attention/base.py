@@ -61,6 +61,8 @@ __all__ = [
     "PrepareContext",
     "check_attention_inputs",
     "dense_bool_mask",
+    "keep_init",
+    "keeps_init",
     "reference_attention",
 ]
 
@@ -234,6 +236,20 @@ class PrepareContext:
         if self.k_positions is not None:
             return self.k_positions
         return torch.arange(self.tk, device=self.device)
+
+
+def keep_init(p: nn.Parameter) -> nn.Parameter:
+    """Mark ``p`` as initialised by the part that owns it: the models' weight-init loops
+    (N(0, 0.02) matrices, zero biases) leave it as it is. For parameters whose initialisation is
+    part of the mechanism (Adaptive Span's random-normal position embedding, its span parameters
+    set to ``init_span``). Returns ``p``."""
+    p._effiformer_keep_init = True  # type: ignore[attr-defined]
+    return p
+
+
+def keeps_init(p: Tensor) -> bool:
+    """Whether a model's init loop must skip ``p`` (see :func:`keep_init`)."""
+    return bool(getattr(p, "_effiformer_keep_init", False))
 
 
 def reference_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None = None) -> Tensor:

@@ -69,6 +69,8 @@ class AdaptiveInput(nn.Module):
         dim: model width.
         cutoffs: cluster boundaries, e.g. (20000, 40000, 200000); () = one cluster.
         div_val: width divisor per cluster.
+        scale: multiply the embeddings by sqrt(dim) (Transformer-XL); ``False``: unscaled
+            (the adaptive-span code's plain ``nn.Embedding``).
     """
 
     def __init__(
@@ -79,13 +81,14 @@ class AdaptiveInput(nn.Module):
         *,
         cutoffs: tuple[int, ...] = (),
         div_val: int = 1,
+        scale: bool = True,
     ) -> None:
         super().__init__()
         check_cutoffs(cutoffs, vocab_size)
         self.vocab_size, self.dim, self.div_val = vocab_size, dim, div_val
         self.bounds = [0, *cutoffs, vocab_size]
         n = len(self.bounds) - 1
-        self.scale = dim**0.5
+        self.scale = dim**0.5 if scale else 1.0
         dims = [embed_dim] * n if div_val == 1 else _cluster_dims(embed_dim, n, div_val)
         # One table per cluster (with div_val 1 these are row blocks of the official single
         # matrix: same function, and no full-vocabulary slice gradients in the tied softmax).

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attention import AttentionConfig, AttentionDims, AttentionMask, DenseConfig, PrepareContext
+from ..attention.base import keeps_init
 from ..attention.registry import build_attention
 from ..config import ModelConfig
 from ..layers import FeedForward, LayerStack, TransformerBlock, build_positions, prefix_keys
@@ -108,6 +109,8 @@ class Transformer(EffiModel):
         # (GPT-2).
         sinusoidal = self.config.positions == "sinusoidal"
         for name, p in self.named_parameters():
+            if keeps_init(p):  # initialised by its attention part (attention.base.keep_init)
+                continue
             if name == "embed.weight" and sinusoidal:
                 nn.init.normal_(p, std=self.config.dim**-0.5)
             elif p.dim() >= 2:

@@ -49,11 +49,29 @@ instead of one fused ``qkv_net`` (same function).
 
 Registered: ``xl-tiny``, ``xl-small``, ``xl-enwik8-base``, ``xl-enwik8-large``, ``xl-wt103-base``,
 ``xl-wt103-large`` (the official ``run_*.sh`` / ``tf/sota/*.sh`` sizes).
+
+**The Adaptive Attention Span model** (Sukhbaatar et al. 2019, arXiv 1905.07799; official
+facebookresearch/adaptive-span ``models.py``) is this family with ``attention=adaptive_span``
+(:mod:`effiformer.attention.adaptive_span`): its ``TransformerSeq`` is the same recurrence (each
+layer caches its detached inputs and attends over ``cache ++ segment``), post-LN blocks with a
+ReLU FFN, no absolute positions. Where the two codes differ this config has an option, set in
+the ``adaptive-span-*`` entries: ``embed_scale=False`` (a plain ``nn.Embedding``, no sqrt(dim)),
+``tie_embeddings=False`` (an untied output layer with a bias), ``emb_dropout=0`` and
+``residual_dropout=0`` (the official ``dropout`` acts on the FFN's ReLU and the attention
+weights only; ``--emb-dropout`` is 0 in every script), ``init="torch"`` (PyTorch's module
+defaults; output biases start at zero rather than uniform), ``mem_len = S`` (the span sizes
+each layer's cache down, ``memory_len``). Remaining differences: the memory starts empty rather
+than as zeros (see the attention module), and the official optimiser (Adagrad, lr 0.07, linear
+warmup, per-parameter gradient clipping 0.03 inside the optimiser) is a training recipe, not
+part of the model. Registered: ``adaptive-span-tiny``, ``adaptive-span-small``
+(``experiments/enwik8_small.sh``), ``adaptive-span-base`` (``enwik8.sh`` / ``text8.sh``),
+``adaptive-span-large`` (``enwik8_large.sh``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +79,8 @@ import torch
 from torch import Tensor, nn
 
 from ..attention import AttentionConfig, AttentionDims, AttentionMask, PrepareContext
+from ..attention.adaptive_span import AdaptiveSpanConfig
+from ..attention.base import keeps_init
 from ..attention.registry import build_attention
 from ..attention.relative_xl import RelativeXLConfig
 from ..config import ConfigError, ModelConfig, replace_config
@@ -74,7 +94,16 @@ __all__ = ["XLConfig", "TransformerXL", "build_xl", "reconfigure", "RUNTIME_FIEL
 
 #: Config fields that change no weight: a trained model can be rebuilt with other values.
 RUNTIME_FIELDS = frozenset(
-    {"mem_len", "seq_len", "clamp_len", "same_length", "dropout", "attn_dropout"}
+    {
+        "mem_len",
+        "seq_len",
+        "clamp_len",
+        "same_length",
+        "dropout",
+        "attn_dropout",
+        "emb_dropout",
+        "residual_dropout",
+    }
 )
 
 
@@ -89,9 +118,17 @@ class XLConfig(ModelConfig):
     paper); ``adaptive``: adaptive input + softmax with ``cutoffs`` and ``div_val``;
     ``embed_dim``: width of the head cluster's embedding (default ``dim``); ``tie_embeddings``:
     softmax weights are the input embeddings; ``tie_projs``: tail projections shared too;
-    ``dropout`` / ``attn_dropout``: ``dropout`` / ``dropatt`` of the official scripts;
-    ``attention``: the attention part (default ``relative_xl``, whose ``untie_r``, ``clamp_len``
-    and ``same_length`` mirror this config's fields of the same names: set them here).
+    ``dropout`` / ``attn_dropout``: ``dropout`` / ``dropatt`` of the official scripts (``dropout``
+    is on the FFN's hidden layer, and, unless set apart, on the embeddings, the last hidden
+    state and every residual branch); ``emb_dropout``: on the embeddings and the last hidden
+    state (None: ``dropout``); ``residual_dropout``: on the attention and FFN outputs before each
+    residual sum (None: ``dropout``); ``embed_scale``: embeddings times sqrt(dim) (Transformer-XL;
+    off in the adaptive-span code); ``init``: ``"xl"`` (Transformer-XL: N(0, 0.02) block matrices,
+    N(0, 0.02) embeddings) or ``"torch"`` (PyTorch's module defaults, as the adaptive-span code:
+    kaiming-uniform linears, N(0, 1) embeddings, untied output weights kaiming-uniform, output
+    biases zero where ``nn.Linear`` draws them uniformly); ``attention``: the attention part
+    (default ``relative_xl``, whose ``untie_r``, ``clamp_len`` and ``same_length`` mirror this
+    config's fields of the same names: set them here; other parts ignore those three).
     """
 
     family = "xl"
@@ -106,6 +143,10 @@ class XLConfig(ModelConfig):
     embed_dim: int | None = None
     tie_embeddings: bool = True
     tie_projs: bool = True
+    embed_scale: bool = True
+    emb_dropout: float | None = None
+    residual_dropout: float | None = None
+    init: str = "xl"
     attention: AttentionConfig = field(default_factory=RelativeXLConfig)
 
     def __post_init__(self) -> None:
@@ -130,6 +171,11 @@ class XLConfig(ModelConfig):
             raise ConfigError(f"clamp_len must be None or an int >= 0, got {self.clamp_len!r}")
         if self.same_length and self._window() == 0:
             raise ConfigError("same_length needs mem_len > 0 (each query would see only itself)")
+        for name in ("emb_dropout", "residual_dropout"):
+            p = getattr(self, name)
+            if p is not None and not (isinstance(p, int | float) and 0.0 <= p < 1.0):
+                raise ConfigError(f"{name} must be None or in [0, 1), got {p!r}")
+        self._check_choice("init", ("xl", "torch"))
         if self.embed_dim is None:
             object.__setattr__(self, "embed_dim", self.dim)
         self._check_positive("embed_dim")
@@ -169,9 +215,15 @@ class TransformerXL(EffiModel):
         super().__init__()
         self.config = c = config
         self.embed = AdaptiveInput(
-            c.vocab_size, c.embed_dim, c.dim, cutoffs=c.cutoffs, div_val=c.div_val
+            c.vocab_size,
+            c.embed_dim,
+            c.dim,
+            cutoffs=c.cutoffs,
+            div_val=c.div_val,
+            scale=c.embed_scale,
         )
-        self.drop = nn.Dropout(c.dropout)
+        self.drop = nn.Dropout(c.dropout if c.emb_dropout is None else c.emb_dropout)
+        residual = c.dropout if c.residual_dropout is None else c.residual_dropout
         self.blocks = LayerStack(
             [
                 TransformerBlock(
@@ -179,7 +231,7 @@ class TransformerXL(EffiModel):
                     build_attention(c.attention, self._dims(i)),
                     FeedForward(c.dim, c.ffn_dim, activation="relu", dropout=c.dropout),
                     norm_first=c.norm_first,
-                    dropout=c.dropout,
+                    dropout=residual,
                 )
                 for i in range(c.n_layers)
             ],
@@ -187,8 +239,8 @@ class TransformerXL(EffiModel):
         )
         self.final_norm = nn.LayerNorm(c.dim) if c.norm_first else nn.Identity()
         for name, p in self.blocks.named_parameters():
-            if "norm" in name:
-                continue
+            if c.init != "xl" or "norm" in name or keeps_init(p):
+                continue  # "torch": the modules' own defaults; keep_init: the part's own
             if p.dim() >= 2:
                 nn.init.normal_(p, std=0.02)
             elif name.endswith("bias"):
@@ -202,6 +254,13 @@ class TransformerXL(EffiModel):
             tie_to=self.embed if c.tie_embeddings else None,
             tie_projs=c.tie_projs,
         )
+        if c.init == "torch":
+            # nn.Embedding's N(0, 1); untied output weights as nn.Linear's (kaiming-uniform).
+            for e in self.embed.emb_layers:
+                nn.init.normal_(e.weight, std=1.0)
+            if not c.tie_embeddings:
+                for w in self.softmax.weights:
+                    nn.init.kaiming_uniform_(w, a=math.sqrt(5))
 
     def _dims(self, layer: int) -> AttentionDims:
         c = self.config
@@ -379,4 +438,47 @@ register_model(
     ),
     "tf/sota/wt103.sh: 18L d1024 16x64 d_inner 4096, adaptive div_val 4, untie_r, "
     "tgt = mem = 384",
+)  # fmt: skip
+
+# The adaptive-span code's model (see the module docstring): untied output with bias, unscaled
+# embeddings, dropout only on the FFN's ReLU and the attention weights, PyTorch's default init.
+_SPAN = {
+    "tie_embeddings": False, "embed_scale": False, "emb_dropout": 0.0, "residual_dropout": 0.0,
+    "init": "torch",
+}  # fmt: skip
+
+register_model(
+    "adaptive-span-tiny",
+    XLConfig(
+        dim=64, n_heads=2, n_layers=2, ffn_dim=128, seq_len=32, mem_len=128, dropout=0.0,
+        attention=AdaptiveSpanConfig(max_span=128, ramp=16, trim_step=16, penalty=2e-6), **_SPAN,
+    ),
+    "2 layers, d 64, block 32, S = 128 (R 16, 16-key trimming): for tests",
+)  # fmt: skip
+register_model(
+    "adaptive-span-small",
+    XLConfig(
+        dim=256, n_heads=4, n_layers=8, ffn_dim=1024, seq_len=256, mem_len=1024, dropout=0.0,
+        attn_dropout=0.0, attention=AdaptiveSpanConfig(max_span=1024, penalty=2e-6), **_SPAN,
+    ),
+    "experiments/enwik8_small.sh: 8L d256 4 heads d_inner 1024, block 256, S = 1024, "
+    "lambda 2e-6, dropout 0",
+)  # fmt: skip
+register_model(
+    "adaptive-span-base",
+    XLConfig(
+        dim=512, n_heads=8, n_layers=12, ffn_dim=2048, seq_len=512, mem_len=8192, dropout=0.3,
+        attn_dropout=0.3, attention=AdaptiveSpanConfig(max_span=8192, penalty=5e-7), **_SPAN,
+    ),
+    "experiments/enwik8.sh, text8.sh: 12L d512 8 heads d_inner 2048, block 512, S = 8192, "
+    "lambda 5e-7, dropout 0.3",
+)  # fmt: skip
+register_model(
+    "adaptive-span-large",
+    XLConfig(
+        dim=768, n_heads=8, n_layers=24, ffn_dim=4096, seq_len=512, mem_len=8192, dropout=0.4,
+        attn_dropout=0.4, attention=AdaptiveSpanConfig(max_span=8192, penalty=5e-7), **_SPAN,
+    ),
+    "experiments/enwik8_large.sh: 24L d768 8 heads d_inner 4096, block 512, S = 8192, "
+    "lambda 5e-7, dropout 0.4",
 )  # fmt: skip
