@@ -4,7 +4,7 @@ Each mechanism file registers itself (:func:`~effiformer.attention.registry.regi
 when imported from the explicit list below.
 """
 
-from . import dense, funnel_relative, relative_xl  # noqa: F401  (registration, in this order)
+from . import dense, funnel_relative, relative_xl, sparse  # noqa: F401  (registration, in this order)
 from .base import (
     AttentionConfig,
     AttentionDims,

@@ -1,0 +1,874 @@
+"""Sparse Transformer: factorized strided and fixed self-attention.
+
+Child, Gray, Radford, Sutskever 2019, "Generating Long Sequences with Sparse Transformers",
+arXiv 1904.10509, section 4 (factorized self-attention): section 4.2 (the two-step
+factorizations A^(1), A^(2)), section 4.3 (the three ways of combining them: eq. 5
+interleaved, eq. 6 merged heads, eq. 7 heads split between the patterns), section 5.5 (the
+block-sparse kernels: strided attention computed on the transposed (n/l, l) grid). The official
+attention code is openai/sparse_attention (``attention.py``: ``get_attn_mask``,
+``strided_transpose``, ``get_blocksparse_obj`` with ``num_verts``/``vertsize``).
+
+The patterns, for query ``i`` and key ``j`` (stride ``l``, summary length ``c``):
+
+======== ===================================== ==================================================
+pattern  A^(1)                                 A^(2)
+======== ===================================== ==================================================
+strided  ``i - l < j <= i``  (the previous l)  ``(i - j) mod l == 0``, ``j <= i``
+fixed    ``j // l == i // l``, ``j <= i``      ``j mod l`` in head h's summary sub-block, ``j <= i``
+======== ===================================== ==================================================
+
+Bidirectional (``causal=False``) versions drop ``j <= i``: strided A^(1) becomes
+``|i - j| < l``. Fixed summary sub-blocks (official ``num_verts``/``vertsize``): the block of
+``l`` positions is cut into sub-blocks of ``c`` counted from its end; head ``h`` takes sub-block
+``a = h mod num_verts``, the positions ``l - (a+1) c .. l - a c - 1`` of every block
+(``num_verts=1``: every head takes the last ``c`` positions, ``l - c .. l - 1``, as the code does).
+With heads split between the patterns the a-th head on A^(2) takes sub-block ``a mod num_verts``.
+
+``combine``: ``"merged"`` (every head attends over A^(1) ∪ A^(2), eq. 6; the official "fixed"
+mode), ``"interleaved"`` (layer ``r`` uses A^(r mod 2), eq. 5, through
+:meth:`SparseConfig.for_layer`), ``"split"`` (the first ``H - H//2`` heads on A^(1), the others
+on A^(2), eq. 7), or ``"a1"`` / ``"a2"`` (one step only; what interleaving builds per layer).
+
+Deliberate choices and deviations
+---------------------------------
+- **A^(1) has l elements** (``i - l < j <= i``), the official code's ``local`` window
+  (``bandwidth = local_attn_ctx``); the paper writes ``{max(0, i-l), ..., i}`` (l + 1 elements).
+  Merged heads see the same set either way (the paper's extra key ``i - l`` is in A^(2)).
+- A query with no key in its pattern (fixed A^(2) alone, before the first summary position; a
+  row whose keys are all padding) outputs 0; the paper's model never has such rows (merged
+  heads always hold the query itself).
+- Patterns are exact at the element level: ``c`` need not be a multiple of a kernel block (the
+  official layout works in blocks of 32, so there ``c`` must be).
+- No attention-weight dropout in the tiled path (the paper applies dropout only at the residual
+  additions); ``attn_dropout > 0`` needs ``impl="dense"``.
+- fp16 activations with loss scaling (paper section 5.6) are the trainer's concern, not here.
+
+How it is computed (``impl="tiled"``, the default)
+--------------------------------------------------
+A block mask over the natural order saves nothing for A^(2): every l-th earlier position, and the
+last c positions of every block, touch every key block. So, like the paper's kernels, each step
+is arranged as *dense attention over contiguous tiles* and the steps are merged by their
+log-sum-exp (:func:`tiled_attention`):
+
+- strided A^(1): the sequence cut into tiles of ``l``; tile ``r`` against itself (causal) and
+  against tile ``r-1`` (keys ``kj > qi``; bidirectional: and tile ``r+1``, ``kj < qi``);
+- strided A^(2): the columns of the (n/l, l) grid (the sequence reshaped and transposed, paper
+  section 5.5 and ``strided_transpose``): causal attention within each column of n/l positions;
+- fixed A^(1): tile ``r`` against itself;
+- fixed A^(2): the summary positions gathered per head (n c / l keys); query tiles are grouped
+  (about sqrt(n/l) groups), each group attends densely to the summaries of the tiles before it
+  and, with a small mask, to those of its own tiles.
+
+Each tile call runs a fused flash-attention kernel that also returns the row log-sum-exp
+(``aten._scaled_dot_product_flash_attention_for_cpu`` on CPU; a plain-matmul kernel elsewhere).
+The calls' outputs are merged exactly (softmax over the union of their keys); the backward pass
+hands each call's kernel the *merged* output and log-sum-exp, which makes its gradients the
+union softmax's, and sums them. Only q, k, v, the output and the log-sum-exp are kept for
+backward, so memory grows linearly in n and the work as O(n sqrt(n)) with l ~ sqrt(n).
+Nothing is compiled: FlexAttention (torch 2.13) has no backward on CPU, and the kernels are
+already fused. Layouts (tiles, masks, gather indices) are built in :meth:`SparseAttention.prepare`
+once per forward, and their padding-free parts are cached per shape.
+
+``impl="dense"`` computes the same pattern as a dense boolean mask (:func:`pattern_mask`) with
+SDPA: the O(n^2) reference the tests compare the tiled path against.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from ..config import AttentionConfig, ConfigError
+from .base import (
+    AttentionDims,
+    AttentionMask,
+    AttentionOutput,
+    PrepareContext,
+    check_attention_inputs,
+)
+from .dense import DenseAttention
+from .registry import register_attention
+
+__all__ = [
+    "PATTERNS",
+    "COMBINES",
+    "SparseConfig",
+    "SparseAttention",
+    "SparsePlan",
+    "head_roles",
+    "pattern_mask",
+    "tiled_attention",
+    "masked_attention",
+]
+
+logger = logging.getLogger(__name__)
+
+PATTERNS = ("strided", "fixed")
+COMBINES = ("merged", "interleaved", "split", "a1", "a2")
+IMPLS = ("tiled", "dense")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SparseConfig(AttentionConfig):
+    """Factorized sparse attention (Child et al. 2019).
+
+    pattern: ``"strided"`` or ``"fixed"``; stride: ``l``, the tile length (~sqrt(n));
+    summary: ``c``, the summary length of the fixed pattern; num_verts: how many distinct
+    length-``c`` summary sub-blocks the heads cycle through (fixed; ``num_verts * c <= l``);
+    combine: ``"merged"``, ``"interleaved"``, ``"split"``, ``"a1"`` or ``"a2"`` (see the module
+    docstring); impl: ``"tiled"`` (O(n sqrt n)) or ``"dense"`` (masked O(n^2) reference);
+    bias: biases on the Q, K, V, O projections.
+    """
+
+    name = "sparse"
+
+    pattern: str = "fixed"
+    stride: int = 128
+    summary: int = 32
+    num_verts: int = 1
+    combine: str = "merged"
+    impl: str = "tiled"
+    bias: bool = True
+
+    def __post_init__(self) -> None:
+        self._check_choice("pattern", PATTERNS)
+        self._check_choice("combine", COMBINES)
+        self._check_choice("impl", IMPLS)
+        for f in ("stride", "summary", "num_verts"):
+            self._check_positive(f)
+        if self.pattern == "fixed" and self.summary * self.num_verts > self.stride:
+            raise ConfigError(
+                f"attention.summary * attention.num_verts must be <= attention.stride (the "
+                f"summary sub-blocks lie inside a block), got {self.summary} * {self.num_verts} > "
+                f"{self.stride}"
+            )
+
+    def for_layer(self, layer: int, n_layers: int) -> SparseConfig:
+        """Interleaved patterns (eq. 5): layer ``r`` attends over A^(r mod 2 + 1)."""
+        if self.combine != "interleaved":
+            return self
+        return dataclasses.replace(self, combine="a1" if layer % 2 == 0 else "a2")
+
+
+# ------------------------------------------------------------------------------ the pattern
+
+
+@dataclass(frozen=True)
+class HeadRole:
+    """What one head attends over: A^(1), A^(2) (with its summary sub-block), or both."""
+
+    a1: bool
+    a2: bool
+    sub_block: int = 0
+
+
+def head_roles(config: SparseConfig, n_heads: int) -> tuple[HeadRole, ...]:
+    """Per head: which steps it attends over and its fixed-pattern summary sub-block."""
+    combine = config.combine
+    if combine == "interleaved":
+        raise ValueError("an interleaved config is resolved per layer: use config.for_layer(...)")
+    nv = config.num_verts
+    if combine == "split":
+        n1 = n_heads - n_heads // 2
+        return tuple(
+            HeadRole(True, False) if h < n1 else HeadRole(False, True, (h - n1) % nv)
+            for h in range(n_heads)
+        )
+    a1, a2 = combine in ("merged", "a1"), combine in ("merged", "a2")
+    return tuple(HeadRole(a1, a2, h % nv) for h in range(n_heads))
+
+
+def pattern_mask(config: SparseConfig, seq_len: int, n_heads: int, *, causal: bool) -> Tensor:
+    """The pattern as a dense keep-mask (H, T, T), True = query i attends key j: the elementwise
+    definitions of the module docstring, independent of the tiled layouts."""
+    t = seq_len
+    i = torch.arange(t)[:, None]
+    j = torch.arange(t)[None, :]
+    l, c = config.stride, config.summary
+    ok = (j <= i) if causal else torch.ones(t, t, dtype=torch.bool)
+    if config.pattern == "strided":
+        a1 = ((i - j) < l) & ((j - i) < l)
+        a2 = ((i - j) % l) == 0
+        a2s = [a2] * n_heads
+    else:
+        a1 = (i // l) == (j // l)
+        a2s = []
+        for role in head_roles(config, n_heads):
+            lo = l - (role.sub_block + 1) * c
+            a2s.append(((j % l) >= lo) & ((j % l) < lo + c))
+    out = []
+    for role, a2 in zip(head_roles(config, n_heads), a2s):
+        keep = torch.zeros(t, t, dtype=torch.bool)
+        if role.a1:
+            keep |= a1
+        if role.a2:
+            keep |= a2
+        out.append(keep & ok)
+    return torch.stack(out)  # (H, T, T)
+
+
+def masked_attention(
+    q: Tensor, k: Tensor, v: Tensor, keep: Tensor, dropout_p: float = 0.0
+) -> Tensor:
+    """Dense attention with a boolean keep-mask broadcastable to (B, H, Tq, Tk); q, k, v are
+    (B, H, T, Dh). Rows without any key give 0 (see the module docstring)."""
+    has = keep.any(-1, keepdim=True)  # (.., Tq, 1)
+    safe = keep | ~has  # an empty row attends everything, then is zeroed
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=safe, dropout_p=dropout_p)
+    return o.masked_fill(~has, 0.0)
+
+
+# ------------------------------------------------------------------------------ tile kernels
+
+
+_CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_CPU_FLASH_BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+
+
+def _use_cpu_flash(q: Tensor) -> bool:
+    return q.device.type == "cpu" and _CPU_FLASH is not None and _CPU_FLASH_BWD is not None
+
+
+def _kernel_forward(
+    q: Tensor, k: Tensor, v: Tensor, causal: bool, mask: Tensor | None, scale: float
+) -> tuple[Tensor, Tensor]:
+    """(B', H', Tq, Dh) x (B', H', Tk, Dh) -> out (B', H', Tq, Dh), lse (B', H', Tq).
+    ``causal``: top-left aligned (key kj <= query qi); ``mask``: additive, broadcastable."""
+    if _use_cpu_flash(q):
+        return _CPU_FLASH(q, k, v, 0.0, causal, attn_mask=mask, scale=scale)
+    s = _math_scores(q, k, causal, mask, scale)  # (B', H', Tq, Tk)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse.masked_fill(torch.isneginf(lse), 0.0)[..., None])
+    return p @ v, lse
+
+
+def _kernel_backward(
+    do: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    lse: Tensor,
+    causal: bool,
+    mask: Tensor | None,
+    scale: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of one call given the *merged* output ``o`` and log-sum-exp ``lse`` (finite)."""
+    if _use_cpu_flash(q):
+        return _CPU_FLASH_BWD(do, q, k, v, o, lse, 0.0, causal, attn_mask=mask, scale=scale)
+    s = _math_scores(q, k, causal, mask, scale)
+    p = torch.exp(s - lse[..., None])  # (B', H', Tq, Tk)
+    dv = p.transpose(-1, -2) @ do
+    dp = do @ v.transpose(-1, -2)
+    ds = p * (dp - (do * o).sum(-1, keepdim=True))
+    return (ds @ k) * scale, (ds.transpose(-1, -2) @ q) * scale, dv
+
+
+def _math_scores(q: Tensor, k: Tensor, causal: bool, mask: Tensor | None, scale: float) -> Tensor:
+    s = (q @ k.transpose(-1, -2)) * scale
+    if mask is not None:
+        s = s + mask
+    if causal:
+        tq, tk = s.shape[-2:]
+        tri = torch.ones(tq, tk, dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~tri, float("-inf"))
+    return s
+
+
+# ------------------------------------------------------------------------------ the plan
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One dense tile call. kind ``"tile"``: query tiles ``q`` against key tiles ``k`` (same
+    count) of the natural order, batched over tiles; ``"col"``: query rows ``q`` against key rows
+    ``k`` of every column of the (n/l, l) grid, batched over columns; ``"sum"``: natural query
+    positions ``q`` against gathered summary keys ``k``. ``heads``: [h0, h1). ``causal``:
+    top-left causal inside the call; ``rel``: a structural mask (see ``_structural_keep``)."""
+
+    kind: str
+    heads: tuple[int, int]
+    q: tuple[int, int]
+    k: tuple[int, int]
+    causal: bool = False
+    rel: str | None = None
+
+
+@dataclass(frozen=True)
+class _PreparedCall:
+    call: _Call
+    causal: bool  # is_causal for the kernel (False when folded into ``mask``)
+    mask: Tensor | None  # additive, broadcastable to the call's (B', H', Tq, Tk)
+    empty: Tensor | None  # bool, broadcastable to (B', H', Tq): rows without keys
+
+
+@dataclass(frozen=True)
+class SparsePlan:
+    """What :meth:`SparseAttention.prepare` returns: the layout of one forward.
+
+    seq_len: T; padded_len: T rounded up to a multiple of ``stride``; causal; calls: the tile
+    calls; bases: (H,) first in-block offset of each head's summary sub-block (fixed pattern);
+    key_padding: (B, padded_len) bool or None; dense_keep: the (B|1, H, T, T) keep-mask
+    (``impl="dense"`` only)."""
+
+    seq_len: int
+    padded_len: int
+    stride: int
+    summary: int
+    n_heads: int
+    causal: bool
+    calls: tuple[_PreparedCall, ...] = ()
+    bases: tuple[int, ...] = ()
+    key_padding: Tensor | None = None
+    dense_keep: Tensor | None = None
+
+    @property
+    def n_tiles(self) -> int:
+        return self.padded_len // self.stride
+
+    def uses(self, kind: str) -> bool:
+        return any(pc.call.kind == kind for pc in self.calls)
+
+
+def _head_ranges(roles: tuple[HeadRole, ...], step: str) -> list[tuple[int, int]]:
+    """Contiguous head ranges whose role includes ``step`` ("a1"/"a2") and, for A^(2), whether
+    the head also has A^(1) (merged) — split into maximal runs of equal kind."""
+    runs: list[tuple[int, int]] = []
+    for h, r in enumerate(roles):
+        on = r.a1 if step == "a1" else r.a2
+        if not on:
+            continue
+        if runs and runs[-1][1] == h and (step == "a1" or roles[h - 1].a1 == r.a1):
+            runs[-1] = (runs[-1][0], h + 1)
+        else:
+            runs.append((h, h + 1))
+    return runs
+
+
+def _structure(config: SparseConfig, n_heads: int, n_tiles: int, causal: bool) -> list[_Call]:
+    """The tile calls of a pattern, disjoint per (query, head) so their union is the pattern."""
+    roles = head_roles(config, n_heads)
+    nt = n_tiles
+    calls: list[_Call] = []
+    for hs in _head_ranges(roles, "a1"):
+        calls.append(_Call("tile", hs, (0, nt), (0, nt), causal=causal))
+        if config.pattern == "strided" and nt > 1:
+            calls.append(_Call("tile", hs, (1, nt), (0, nt - 1), rel="after"))
+            if not causal:
+                calls.append(_Call("tile", hs, (0, nt - 1), (1, nt), rel="before"))
+    for hs in _head_ranges(roles, "a2"):
+        merged = roles[hs[0]].a1
+        if config.pattern == "strided":
+            if causal and merged:  # j = i is in A1: rows r' <= r - 1 of the column
+                if nt > 1:
+                    calls.append(_Call("col", hs, (1, nt), (0, nt - 1), causal=True))
+            elif causal:
+                calls.append(_Call("col", hs, (0, nt), (0, nt), causal=True))
+            else:
+                calls.append(_Call("col", hs, (0, nt), (0, nt), rel="not_self" if merged else None))
+        else:
+            calls.extend(_summary_calls(config, hs, nt, causal, merged))
+    return calls
+
+
+def _summary_calls(
+    config: SparseConfig, hs: tuple[int, int], nt: int, causal: bool, merged: bool
+) -> list[_Call]:
+    """Fixed A^(2): query tiles grouped ~sqrt(nt) at a time; each group attends densely to the
+    summaries of the other tiles it may see and, masked, to those of its own tiles."""
+    l, c = config.stride, config.summary
+    if not causal and not merged:  # every query sees every summary position
+        return [_Call("sum", hs, (0, nt * l), (0, nt * c))]
+    n_groups = math.ceil(math.sqrt(nt))
+    m = math.ceil(nt / n_groups)
+    calls = []
+    for t0 in range(0, nt, m):
+        t1 = min(nt, t0 + m)
+        qs = (t0 * l, t1 * l)
+        if t0 > 0:
+            calls.append(_Call("sum", hs, qs, (0, t0 * c)))
+        if not causal and t1 < nt:
+            calls.append(_Call("sum", hs, qs, (t1 * c, nt * c)))
+        rel = ("sum_strict" if merged else "sum_causal") if causal else "sum_other"
+        calls.append(_Call("sum", hs, qs, (t0 * c, t1 * c), rel=rel))
+    return calls
+
+
+def _structural_keep(
+    call: _Call, l: int, c: int, bases: Tensor, device: torch.device
+) -> Tensor | None:
+    """The call's structural keep-mask, broadcastable to (B', H', Tq, Tk), or None."""
+    rel = call.rel
+    if rel is None:
+        return None
+    if call.kind in ("tile", "col"):
+        n = l if call.kind == "tile" else call.q[1] - call.q[0]
+        qi = torch.arange(n, device=device)[:, None]
+        kj = torch.arange(n, device=device)[None, :]
+        keep = {"after": kj > qi, "before": kj < qi, "not_self": kj != qi}[rel]
+        return keep[None, None]  # (1, 1, n, n)
+    qpos = torch.arange(*call.q, device=device)  # (Tq,)
+    kidx = torch.arange(*call.k, device=device)  # (Tk,)
+    r = (qpos // l)[:, None]  # query tile
+    s = (kidx // c)[None, :]  # key tile
+    if rel == "sum_strict":
+        return (s < r)[None, None]
+    if rel == "sum_other":
+        return (s != r)[None, None]
+    # "sum_causal": earlier tiles, and this tile's summary positions up to the query (per head)
+    h0, h1 = call.heads
+    kpos = (kidx // c) * l + (kidx % c)  # (Tk,) position minus the head's base
+    kpos = kpos[None, None, :] + bases[h0:h1, None, None]  # (H', 1, Tk)
+    causal = kpos <= qpos[None, :, None]  # (H', Tq, Tk)
+    return ((s < r)[None] | ((s == r)[None] & causal))[None]  # (1, H', Tq, Tk)
+
+
+@functools.lru_cache(maxsize=64)
+def _structural_plan(
+    config: SparseConfig,
+    n_heads: int,
+    padded_len: int,
+    causal: bool,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> tuple[tuple[_PreparedCall, ...], tuple[int, ...]]:
+    """The padding-free plan of a shape (cached: built once per shape, reused every forward)."""
+    l, c = config.stride, config.summary
+    roles = head_roles(config, n_heads)
+    bases = tuple(l - (r.sub_block + 1) * c for r in roles)
+    base_t = torch.tensor(bases, device=device)
+    out = []
+    for call in _structure(config, n_heads, padded_len // l, causal):
+        keep = _structural_keep(call, l, c, base_t, device)
+        out.append(_prepare_call(call, keep, l, dtype))
+    return tuple(out), bases
+
+
+def _call_dims(call: _Call, l: int) -> tuple[int, int]:
+    """(Tq, Tk) of one call."""
+    if call.kind == "tile":
+        return l, l
+    return call.q[1] - call.q[0], call.k[1] - call.k[0]
+
+
+def _prepare_call(call: _Call, keep: Tensor | None, l: int, dtype: torch.dtype) -> _PreparedCall:
+    if keep is None:
+        return _PreparedCall(call, call.causal, None, None)
+    if call.causal:  # fold the (top-left) causal triangle into the mask
+        tq, tk = _call_dims(call, l)
+        keep = keep & torch.ones(tq, tk, dtype=torch.bool, device=keep.device).tril()
+    mask = torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(
+        ~keep, float("-inf")
+    )
+    empty = ~keep.any(-1)
+    return _PreparedCall(call, False, mask, empty if bool(empty.any()) else None)
+
+
+def _padding_keep(call: _Call, kp: Tensor, ks: Tensor | None, l: int) -> Tensor:
+    """Key padding of a call's keys as a keep-mask (B', 1 | H', 1, Tk). kp: (B, Tp) bool;
+    ks: (B, nt*c, H) bool, the padding of the gathered summary keys."""
+    b = kp.shape[0]
+    nt = kp.shape[1] // l
+    if call.kind == "tile":
+        k0, k1 = call.k
+        return kp.view(b, nt, l)[:, k0:k1].reshape(b * (k1 - k0), 1, 1, l)
+    if call.kind == "col":
+        k0, k1 = call.k
+        cols = kp.view(b, nt, l).transpose(1, 2)[:, :, k0:k1]  # (B, l, n)
+        return cols.reshape(b * l, 1, 1, k1 - k0)
+    assert ks is not None
+    h0, h1 = call.heads
+    return ks[:, call.k[0] : call.k[1], h0:h1].permute(0, 2, 1)[:, :, None, :]  # (B, H', 1, Tk)
+
+
+def _summary_index(bases: tuple[int, ...], c: int, device: torch.device) -> Tensor:
+    """(1, 1, c, H, 1) in-block offsets of each head's summary positions."""
+    base = torch.tensor(bases, device=device)
+    return (base[None, :] + torch.arange(c, device=device)[:, None])[None, None, :, :, None]
+
+
+def build_plan(
+    config: SparseConfig,
+    n_heads: int,
+    seq_len: int,
+    *,
+    causal: bool,
+    key_padding: Tensor | None = None,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> SparsePlan:
+    """The plan of one forward over ``seq_len`` tokens (``key_padding``: (B, T), True = real)."""
+    device = torch.device(device)
+    if config.combine == "interleaved":
+        raise ValueError("an interleaved config is resolved per layer: use config.for_layer(...)")
+    if config.combine == "split" and n_heads < 2:
+        raise ConfigError(f"attention.combine='split' needs n_heads >= 2, got {n_heads}")
+    l, c = config.stride, config.summary
+    tp = -(-seq_len // l) * l
+    if config.impl == "dense":
+        keep = pattern_mask(config, seq_len, n_heads, causal=causal).to(device)[None]
+        if key_padding is not None:
+            keep = keep & key_padding[:, None, None, :].to(torch.bool)
+        return SparsePlan(seq_len, seq_len, l, c, n_heads, causal, dense_keep=keep)
+    calls, bases = _structural_plan(config, n_heads, tp, causal, device, dtype)
+    kp = None
+    if key_padding is not None or (tp > seq_len and not causal):
+        # Causal: the tail padding sits after every real query, so no real query sees it.
+        kp = torch.ones(
+            key_padding.shape[0] if key_padding is not None else 1,
+            tp,
+            dtype=torch.bool,
+            device=device,
+        )
+        kp[:, seq_len:] = False
+        if key_padding is not None:
+            kp[:, :seq_len] = key_padding.to(device=device, dtype=torch.bool)
+        ks = None
+        if config.pattern == "fixed":
+            idx = _summary_index(bases, c, device)[..., 0]  # (1, 1, c, H)
+            grid = kp.view(kp.shape[0], tp // l, l, 1).expand(-1, -1, -1, n_heads)
+            ks = torch.gather(grid, 2, idx.expand(kp.shape[0], tp // l, -1, -1))
+            ks = ks.reshape(kp.shape[0], (tp // l) * c, n_heads)  # (B, nt*c, H)
+        base_t = torch.tensor(bases, device=device)
+        padded = []
+        for pc in calls:
+            keep = _padding_keep(pc.call, kp, ks, l)
+            struct = _structural_keep(pc.call, l, c, base_t, device)
+            if struct is not None:
+                keep = keep & struct
+            padded.append(_prepare_call(pc.call, keep, l, dtype))
+        calls = tuple(padded)
+    return SparsePlan(seq_len, tp, l, c, n_heads, causal, calls, bases, key_padding=kp)
+
+
+# ------------------------------------------------------------------------------ the engine
+
+
+class _Layouts:
+    """The natural-order tensors (B, Tp, H, Dh) of one call of :func:`tiled_attention` and the
+    views each kind of tile call reads from them (column and summary layouts made on demand)."""
+
+    def __init__(self, plan: SparsePlan, q: Tensor, k: Tensor, v: Tensor) -> None:
+        self.plan = plan
+        self.b, self.tp, self.h, self.dh = q.shape
+        self.l, self.c, self.nt = plan.stride, plan.summary, plan.n_tiles
+        self.nat = {"q": q, "k": k, "v": v}
+        self._col: dict[str, Tensor] = {}
+        self._sum: dict[str, Tensor] = {}
+        self._idx: Tensor | None = None
+
+    # natural (B, Tp, H, Dh) -> column layout (B, l, nt, H, Dh)
+    def to_col(self, x: Tensor) -> Tensor:
+        return x.view(self.b, self.nt, self.l, *x.shape[2:]).transpose(1, 2).contiguous()
+
+    def from_col(self, x: Tensor) -> Tensor:
+        return x.transpose(1, 2).reshape(self.b, self.tp, *x.shape[3:])
+
+    def col(self, name: str) -> Tensor:
+        if name not in self._col:
+            self._col[name] = self.to_col(self.nat[name])
+        return self._col[name]
+
+    @property
+    def index(self) -> Tensor:
+        if self._idx is None:
+            idx = _summary_index(self.plan.bases, self.c, self.nat["q"].device)
+            self._idx = idx.expand(self.b, self.nt, self.c, self.h, self.dh)
+        return self._idx
+
+    def summ(self, name: str) -> Tensor:
+        """Gathered summary keys/values (B, nt*c, H, Dh)."""
+        if name not in self._sum:
+            x = self.nat[name].view(self.b, self.nt, self.l, self.h, self.dh)
+            g = torch.gather(x, 2, self.index)  # (B, nt, c, H, Dh)
+            self._sum[name] = g.reshape(self.b, self.nt * self.c, self.h, self.dh)
+        return self._sum[name]
+
+    def unsumm(self, g: Tensor) -> Tensor:
+        """Gradient of the summary gather: (B, nt*c, H, Dh) -> natural (B, Tp, H, Dh)."""
+        out = torch.zeros(self.b, self.nt, self.l, self.h, self.dh, dtype=g.dtype, device=g.device)
+        out.scatter_add_(2, self.index, g.view(self.b, self.nt, self.c, self.h, self.dh))
+        return out.view(self.b, self.tp, self.h, self.dh)
+
+    # ---- one call's operands, (B', H', T, Dh) -------------------------------------------
+
+    def side(self, call: _Call, x: Tensor, which: str, space: str) -> Tensor:
+        """Rows ``which`` ("q" or "k") of ``call`` from ``x`` given in ``space`` (natural
+        (B, Tp, H, ...), col (B, l, nt, H, ...) or summary (B, nt*c, H, ...)), as (B', H', n, ...)."""
+        h0, h1 = call.heads
+        a, z = getattr(call, which)
+        if call.kind == "tile":
+            t = x.view(self.b, self.nt, self.l, *x.shape[2:])[:, a:z, :, h0:h1]
+            t = t.reshape(self.b * (z - a), self.l, *t.shape[3:])
+        elif call.kind == "col":
+            t = x[:, :, a:z, h0:h1].reshape(self.b * self.l, z - a, h1 - h0, *x.shape[4:])
+        else:
+            t = x[:, a:z, h0:h1]
+        return t.transpose(1, 2)
+
+    def operands(self, call: _Call) -> tuple[Tensor, Tensor, Tensor]:
+        if call.kind == "tile":
+            src = self.nat
+            return tuple(self.side(call, src[n], w, "nat") for n, w in zip("qkv", "qkk"))
+        if call.kind == "col":
+            return tuple(self.side(call, self.col(n), w, "col") for n, w in zip("qkv", "qkk"))
+        q = self.side(call, self.nat["q"], "q", "nat")
+        return q, self.side(call, self.summ("k"), "k", "sum"), self.side(
+            call, self.summ("v"), "k", "sum"
+        )
+
+    def query_rows(self, call: _Call, x: Tensor, x_col: Tensor | None) -> Tensor:
+        """Natural (B, Tp, H, ...) rows of the call's queries as (B', H', Tq, ...)."""
+        if call.kind == "col":
+            assert x_col is not None
+            return self.side(call, x_col, "q", "col")
+        return self.side(call, x, "q", "nat")
+
+    def place(self, call: _Call, t: Tensor, fill: float) -> tuple[slice, Tensor]:
+        """A call's per-query result (B', H', Tq, ...) as natural rows: (slice of Tp, tensor
+        (B, span, H', ...)); column calls cover every position (missing rows = ``fill``)."""
+        t = t.transpose(1, 2)  # (B', Tq, H', ...)
+        a, z = call.q
+        if call.kind == "tile":
+            return slice(a * self.l, z * self.l), t.reshape(self.b, (z - a) * self.l, *t.shape[2:])
+        if call.kind == "sum":
+            return slice(a, z), t
+        full = t.new_full((self.b, self.l, self.nt, *t.shape[2:]), fill)
+        full[:, :, a:z] = t.reshape(self.b, self.l, z - a, *t.shape[2:])
+        return slice(0, self.tp), self.from_col(full)
+
+
+def _fit(t: Tensor | None, batch: int, dtype: torch.dtype | None = None) -> Tensor | None:
+    """A prepared mask made for one sequence (tail padding only: its leading dim counts the
+    tiles or columns of one sequence) repeated for a batch of ``batch`` calls."""
+    if t is None:
+        return None
+    if dtype is not None and t.dtype != dtype:
+        t = t.to(dtype)
+    if t.shape[0] in (1, batch):
+        return t
+    return t.repeat(batch // t.shape[0], *([1] * (t.dim() - 1)))
+
+
+def _run_forward(plan: SparsePlan, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """Merged output (B, Tp, H, Dh) and log-sum-exp (B, Tp, H) of every call."""
+    lay = _Layouts(plan, q, k, v)
+    scale = q.shape[-1] ** -0.5
+    out = torch.zeros_like(q)
+    lse = torch.full(q.shape[:3], float("-inf"), dtype=q.dtype, device=q.device)
+    for pc in plan.calls:
+        call = pc.call
+        qc, kc, vc = lay.operands(call)
+        mask = _fit(pc.mask, qc.shape[0], q.dtype)
+        o, m = _kernel_forward(qc, kc, vc, pc.causal, mask, scale)
+        if pc.empty is not None:
+            m = m.masked_fill(_fit(pc.empty, qc.shape[0]), float("-inf"))
+        rows, o = lay.place(call, o, 0.0)
+        _, m = lay.place(call, m, float("-inf"))
+        h0, h1 = call.heads
+        acc_o, acc_m = out[:, rows, h0:h1], lse[:, rows, h0:h1]
+        new = torch.logaddexp(acc_m, m)
+        ref = new.masked_fill(torch.isneginf(new), 0.0)
+        acc_o.mul_(torch.exp(acc_m - ref)[..., None]).add_(o * torch.exp(m - ref)[..., None])
+        acc_m.copy_(new)
+    return out, lse
+
+
+def _run_backward(
+    plan: SparsePlan, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    lay = _Layouts(plan, q, k, v)
+    scale = q.shape[-1] ** -0.5
+    lse = lse.masked_fill(torch.isneginf(lse), 0.0)  # rows without keys: P = 0 everywhere
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    use_col, use_sum = plan.uses("col"), plan.uses("sum")
+    cols = {}
+    if use_col:
+        cols = {"o": lay.to_col(out), "do": lay.to_col(dout), "lse": lay.to_col(lse)}
+        dq_c, dk_c, dv_c = (torch.zeros_like(lay.col(n)) for n in "qkv")
+    if use_sum:
+        dk_s, dv_s = torch.zeros_like(lay.summ("k")), torch.zeros_like(lay.summ("v"))
+    for pc in plan.calls:
+        call = pc.call
+        qc, kc, vc = lay.operands(call)
+        do_c = lay.query_rows(call, dout, cols.get("do"))
+        o_c = lay.query_rows(call, out, cols.get("o"))
+        m_c = lay.query_rows(call, lse, cols.get("lse")).contiguous()
+        mask = _fit(pc.mask, qc.shape[0], q.dtype)
+        gq, gk, gv = _kernel_backward(do_c, qc, kc, vc, o_c, m_c, pc.causal, mask, scale)
+        if call.kind == "col":
+            for acc, g, which in ((dq_c, gq, "q"), (dk_c, gk, "k"), (dv_c, gv, "k")):
+                _add_rows(lay, call, acc, g, which)
+        elif call.kind == "tile":
+            for acc, g, which in ((dq, gq, "q"), (dk, gk, "k"), (dv, gv, "k")):
+                _add_rows(lay, call, acc, g, which)
+        else:
+            for acc, g, which in ((dq, gq, "q"), (dk_s, gk, "k"), (dv_s, gv, "k")):
+                _add_rows(lay, call, acc, g, which)
+    if use_col:
+        dq += lay.from_col(dq_c)
+        dk += lay.from_col(dk_c)
+        dv += lay.from_col(dv_c)
+    if use_sum:
+        dk += lay.unsumm(dk_s)
+        dv += lay.unsumm(dv_s)
+    return dq, dk, dv
+
+
+def _add_rows(lay: _Layouts, call: _Call, acc: Tensor, g: Tensor, which: str) -> None:
+    """acc += the call's gradient g (B', H', n, Dh) at its ``which`` ("q"/"k") rows; acc is
+    natural (B, Tp, H, Dh) for tile calls, column (B, l, nt, H, Dh) for column calls, and
+    natural (queries) or summary (B, nt*c, H, Dh) (keys) for summary calls."""
+    h0, h1 = call.heads
+    a, z = getattr(call, which)
+    g = g.transpose(1, 2)  # (B', n, H', Dh)
+    if call.kind == "sum":
+        acc[:, a:z, h0:h1] += g
+    elif call.kind == "tile":
+        tiles = acc.view(lay.b, lay.nt, lay.l, lay.h, lay.dh)[:, a:z, :, h0:h1]
+        tiles += g.reshape(lay.b, z - a, lay.l, h1 - h0, lay.dh)
+    else:
+        acc[:, :, a:z, h0:h1] += g.reshape(lay.b, lay.l, z - a, h1 - h0, lay.dh)
+
+
+class _TiledAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, plan):  # noqa: D401 - autograd protocol
+        out, lse = _run_forward(plan, q, k, v)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.plan = plan
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _run_backward(ctx.plan, q, k, v, out, lse, dout.contiguous())
+        return dq, dk, dv, None
+
+
+def tiled_attention(q: Tensor, k: Tensor, v: Tensor, plan: SparsePlan) -> Tensor:
+    """Sparse attention of ``plan`` over q, k, v (B, T, H, Dh) -> (B, T, H, Dh), computed tile by
+    tile and merged by log-sum-exp (see the module docstring); differentiable."""
+    b, t, h, dh = q.shape
+    if t != plan.seq_len or h != plan.n_heads:
+        raise ValueError(
+            f"q has T={t}, H={h} but the plan was prepared for T={plan.seq_len}, "
+            f"H={plan.n_heads}"
+        )
+    if plan.key_padding is not None and plan.key_padding.shape[0] not in (1, b):
+        raise ValueError(
+            f"the plan's key padding has batch {plan.key_padding.shape[0]}, q has batch {b}"
+        )
+    pad = plan.padded_len - t
+    if pad:
+        q, k, v = (F.pad(x, (0, 0, 0, 0, 0, pad)) for x in (q, k, v))  # (B, Tp, H, Dh)
+    else:
+        q, k, v = (x.contiguous() for x in (q, k, v))
+    out = _TiledAttention.apply(q, k, v, plan)
+    return out[:, :t] if pad else out
+
+
+# ------------------------------------------------------------------------------ the part
+
+
+class SparseAttention(DenseAttention):
+    """Factorized sparse self-attention (see the module docstring) with dense Q, K, V, O
+    projections. forward(x (B, T, D), *, mask) -> AttentionOutput(out (B, T, D)); ``kv`` and
+    ``state`` must be ``None`` (the pattern is over one sequence; no decoding cache)."""
+
+    config: SparseConfig
+
+    @classmethod
+    def from_config(cls, config: SparseConfig, dims: AttentionDims) -> SparseAttention:
+        if config.impl == "tiled" and dims.dropout > 0:
+            raise ConfigError(
+                "attention.impl='tiled' has no attention-weight dropout (the paper applies "
+                f"dropout only at the residual additions); got attn_dropout={dims.dropout}: set "
+                "it to 0 or use attention.impl=dense"
+            )
+        if config.combine == "split" and dims.n_heads < 2:
+            raise ConfigError(f"attention.combine='split' needs n_heads >= 2, got {dims.n_heads}")
+        m = cls(dims.dim, dims.n_heads, dims.head_dim, dropout=dims.dropout, bias=config.bias)
+        m.config, m.dims = config, dims
+        return m
+
+    def prepare(self, ctx: PrepareContext, shared: None) -> SparsePlan:
+        if ctx.tq != ctx.tk or ctx.q_positions is not None or ctx.k_positions is not None:
+            raise ValueError(
+                "sparse attention is self-attention over one sequence (Tq == Tk, default "
+                f"positions); got Tq={ctx.tq}, Tk={ctx.tk} (a memory or cross-attention?)"
+            )
+        return build_plan(
+            self.config,
+            self.dims.n_heads,
+            ctx.tq,
+            causal=ctx.mask.causal,
+            key_padding=ctx.mask.key_padding,
+            device=ctx.device,
+            dtype=ctx.dtype,
+        )
+
+    @classmethod
+    def example_config(cls, config: SparseConfig, seq_len: int) -> SparseConfig:
+        l = max(2, math.isqrt(seq_len))
+        return dataclasses.replace(config, stride=l, summary=max(1, l // 4), num_verts=2)
+
+    @classmethod
+    def degenerate_config(cls, config: SparseConfig, seq_len: int) -> SparseConfig:
+        # One block covers the sequence: A1 alone is dense (causal or not) and A2 adds nothing.
+        return dataclasses.replace(config, stride=max(config.stride, seq_len), combine="merged")
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        kv: Tensor | None = None,
+        mask: AttentionMask | None = None,
+        state: None = None,
+        positions: SparsePlan | None = None,
+    ) -> AttentionOutput:
+        if kv is not None:
+            raise ValueError("sparse attention is self-attention: pass kv=None")
+        if state is not None:
+            raise ValueError("sparse attention keeps no decoding state: pass state=None")
+        check_attention_inputs(x, None, self.dim, mask)
+        b, t, _ = x.shape
+        mask = mask if mask is not None else AttentionMask()
+        plan = positions
+        if plan is None:
+            ctx = PrepareContext(tq=t, tk=t, mask=mask, device=x.device, dtype=x.dtype)
+            plan = self.prepare(ctx, None)
+        if not isinstance(plan, SparsePlan):
+            raise ValueError(f"positions must be a SparsePlan, got {type(plan).__name__}")
+        if plan.causal != mask.causal or plan.seq_len != t:
+            raise ValueError(
+                f"the plan was prepared for T={plan.seq_len}, causal={plan.causal}; got T={t}, "
+                f"causal={mask.causal}"
+            )
+        h, dh = self.n_heads, self.head_dim
+        q, k, v = (p(x).view(b, t, h, dh) for p in (self.q_proj, self.k_proj, self.v_proj))
+        if plan.dense_keep is not None:
+            p = self.dropout if self.training else 0.0
+            keep = plan.dense_keep.to(x.device)
+            o = masked_attention(*(z.transpose(1, 2) for z in (q, k, v)), keep, p)
+            o = o.transpose(1, 2)  # (B, T, H, Dh)
+        else:
+            o = tiled_attention(q, k, v, plan)  # (B, T, H, Dh)
+        return AttentionOutput(out=self.o_proj(o.reshape(b, t, h * dh)))
+
+
+register_attention(
+    "sparse",
+    SparseConfig,
+    SparseAttention,
+    description="factorized strided/fixed attention, O(n sqrt n) tiles (Child et al. 2019)",
+)
