@@ -192,18 +192,18 @@ def pattern_mask(config: SparseConfig, seq_len: int, n_heads: int, *, causal: bo
     t = seq_len
     i = torch.arange(t)[:, None]
     j = torch.arange(t)[None, :]
-    l, c = config.stride, config.summary
+    st, c = config.stride, config.summary
     ok = (j <= i) if causal else torch.ones(t, t, dtype=torch.bool)
     if config.pattern == "strided":
-        a1 = ((i - j) < l) & ((j - i) < l)
-        a2 = ((i - j) % l) == 0
+        a1 = ((i - j) < st) & ((j - i) < st)
+        a2 = ((i - j) % st) == 0
         a2s = [a2] * n_heads
     else:
-        a1 = (i // l) == (j // l)
+        a1 = (i // st) == (j // st)
         a2s = []
         for role in head_roles(config, n_heads):
-            lo = l - (role.sub_block + 1) * c
-            a2s.append(((j % l) >= lo) & ((j % l) < lo + c))
+            lo = st - (role.sub_block + 1) * c
+            a2s.append(((j % st) >= lo) & ((j % st) < lo + c))
     out = []
     for role, a2 in zip(head_roles(config, n_heads), a2s):
         keep = torch.zeros(t, t, dtype=torch.bool)
@@ -230,7 +230,9 @@ def masked_attention(
 
 
 _CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-_CPU_FLASH_BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+_CPU_FLASH_BWD = getattr(
+    torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None
+)
 
 
 def _use_cpu_flash(q: Tensor) -> bool:
@@ -384,15 +386,15 @@ def _summary_calls(
 ) -> list[_Call]:
     """Fixed A^(2): query tiles grouped ~sqrt(nt) at a time; each group attends densely to the
     summaries of the other tiles it may see and, masked, to those of its own tiles."""
-    l, c = config.stride, config.summary
+    st, c = config.stride, config.summary
     if not causal and not merged:  # every query sees every summary position
-        return [_Call("sum", hs, (0, nt * l), (0, nt * c))]
+        return [_Call("sum", hs, (0, nt * st), (0, nt * c))]
     n_groups = math.ceil(math.sqrt(nt))
     m = math.ceil(nt / n_groups)
     calls = []
     for t0 in range(0, nt, m):
         t1 = min(nt, t0 + m)
-        qs = (t0 * l, t1 * l)
+        qs = (t0 * st, t1 * st)
         if t0 > 0:
             calls.append(_Call("sum", hs, qs, (0, t0 * c)))
         if not causal and t1 < nt:
@@ -403,21 +405,21 @@ def _summary_calls(
 
 
 def _structural_keep(
-    call: _Call, l: int, c: int, bases: Tensor, device: torch.device
+    call: _Call, st: int, c: int, bases: Tensor, device: torch.device
 ) -> Tensor | None:
     """The call's structural keep-mask, broadcastable to (B', H', Tq, Tk), or None."""
     rel = call.rel
     if rel is None:
         return None
     if call.kind in ("tile", "col"):
-        n = l if call.kind == "tile" else call.q[1] - call.q[0]
+        n = st if call.kind == "tile" else call.q[1] - call.q[0]
         qi = torch.arange(n, device=device)[:, None]
         kj = torch.arange(n, device=device)[None, :]
         keep = {"after": kj > qi, "before": kj < qi, "not_self": kj != qi}[rel]
         return keep[None, None]  # (1, 1, n, n)
     qpos = torch.arange(*call.q, device=device)  # (Tq,)
     kidx = torch.arange(*call.k, device=device)  # (Tk,)
-    r = (qpos // l)[:, None]  # query tile
+    r = (qpos // st)[:, None]  # query tile
     s = (kidx // c)[None, :]  # key tile
     if rel == "sum_strict":
         return (s < r)[None, None]
@@ -425,7 +427,7 @@ def _structural_keep(
         return (s != r)[None, None]
     # "sum_causal": earlier tiles, and this tile's summary positions up to the query (per head)
     h0, h1 = call.heads
-    kpos = (kidx // c) * l + (kidx % c)  # (Tk,) position minus the head's base
+    kpos = (kidx // c) * st + (kidx % c)  # (Tk,) position minus the head's base
     kpos = kpos[None, None, :] + bases[h0:h1, None, None]  # (H', 1, Tk)
     causal = kpos <= qpos[None, :, None]  # (H', Tq, Tk)
     return ((s < r)[None] | ((s == r)[None] & causal))[None]  # (1, H', Tq, Tk)
@@ -441,29 +443,29 @@ def _structural_plan(
     dtype: torch.dtype,
 ) -> tuple[tuple[_PreparedCall, ...], tuple[int, ...]]:
     """The padding-free plan of a shape (cached: built once per shape, reused every forward)."""
-    l, c = config.stride, config.summary
+    st, c = config.stride, config.summary
     roles = head_roles(config, n_heads)
-    bases = tuple(l - (r.sub_block + 1) * c for r in roles)
+    bases = tuple(st - (r.sub_block + 1) * c for r in roles)
     base_t = torch.tensor(bases, device=device)
     out = []
-    for call in _structure(config, n_heads, padded_len // l, causal):
-        keep = _structural_keep(call, l, c, base_t, device)
-        out.append(_prepare_call(call, keep, l, dtype))
+    for call in _structure(config, n_heads, padded_len // st, causal):
+        keep = _structural_keep(call, st, c, base_t, device)
+        out.append(_prepare_call(call, keep, st, dtype))
     return tuple(out), bases
 
 
-def _call_dims(call: _Call, l: int) -> tuple[int, int]:
+def _call_dims(call: _Call, st: int) -> tuple[int, int]:
     """(Tq, Tk) of one call."""
     if call.kind == "tile":
-        return l, l
+        return st, st
     return call.q[1] - call.q[0], call.k[1] - call.k[0]
 
 
-def _prepare_call(call: _Call, keep: Tensor | None, l: int, dtype: torch.dtype) -> _PreparedCall:
+def _prepare_call(call: _Call, keep: Tensor | None, st: int, dtype: torch.dtype) -> _PreparedCall:
     if keep is None:
         return _PreparedCall(call, call.causal, None, None)
     if call.causal:  # fold the (top-left) causal triangle into the mask
-        tq, tk = _call_dims(call, l)
+        tq, tk = _call_dims(call, st)
         keep = keep & torch.ones(tq, tk, dtype=torch.bool, device=keep.device).tril()
     mask = torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(
         ~keep, float("-inf")
@@ -472,18 +474,18 @@ def _prepare_call(call: _Call, keep: Tensor | None, l: int, dtype: torch.dtype) 
     return _PreparedCall(call, False, mask, empty if bool(empty.any()) else None)
 
 
-def _padding_keep(call: _Call, kp: Tensor, ks: Tensor | None, l: int) -> Tensor:
+def _padding_keep(call: _Call, kp: Tensor, ks: Tensor | None, st: int) -> Tensor:
     """Key padding of a call's keys as a keep-mask (B', 1 | H', 1, Tk). kp: (B, Tp) bool;
     ks: (B, nt*c, H) bool, the padding of the gathered summary keys."""
     b = kp.shape[0]
-    nt = kp.shape[1] // l
+    nt = kp.shape[1] // st
     if call.kind == "tile":
         k0, k1 = call.k
-        return kp.view(b, nt, l)[:, k0:k1].reshape(b * (k1 - k0), 1, 1, l)
+        return kp.view(b, nt, st)[:, k0:k1].reshape(b * (k1 - k0), 1, 1, st)
     if call.kind == "col":
         k0, k1 = call.k
-        cols = kp.view(b, nt, l).transpose(1, 2)[:, :, k0:k1]  # (B, l, n)
-        return cols.reshape(b * l, 1, 1, k1 - k0)
+        cols = kp.view(b, nt, st).transpose(1, 2)[:, :, k0:k1]  # (B, l, n)
+        return cols.reshape(b * st, 1, 1, k1 - k0)
     assert ks is not None
     h0, h1 = call.heads
     return ks[:, call.k[0] : call.k[1], h0:h1].permute(0, 2, 1)[:, :, None, :]  # (B, H', 1, Tk)
@@ -511,13 +513,13 @@ def build_plan(
         raise ValueError("an interleaved config is resolved per layer: use config.for_layer(...)")
     if config.combine == "split" and n_heads < 2:
         raise ConfigError(f"attention.combine='split' needs n_heads >= 2, got {n_heads}")
-    l, c = config.stride, config.summary
-    tp = -(-seq_len // l) * l
+    st, c = config.stride, config.summary
+    tp = -(-seq_len // st) * st
     if config.impl == "dense":
         keep = pattern_mask(config, seq_len, n_heads, causal=causal).to(device)[None]
         if key_padding is not None:
             keep = keep & key_padding[:, None, None, :].to(torch.bool)
-        return SparsePlan(seq_len, seq_len, l, c, n_heads, causal, dense_keep=keep)
+        return SparsePlan(seq_len, seq_len, st, c, n_heads, causal, dense_keep=keep)
     calls, bases = _structural_plan(config, n_heads, tp, causal, device, dtype)
     kp = None
     if key_padding is not None or (tp > seq_len and not causal):
@@ -534,19 +536,19 @@ def build_plan(
         ks = None
         if config.pattern == "fixed":
             idx = _summary_index(bases, c, device)[..., 0]  # (1, 1, c, H)
-            grid = kp.view(kp.shape[0], tp // l, l, 1).expand(-1, -1, -1, n_heads)
-            ks = torch.gather(grid, 2, idx.expand(kp.shape[0], tp // l, -1, -1))
-            ks = ks.reshape(kp.shape[0], (tp // l) * c, n_heads)  # (B, nt*c, H)
+            grid = kp.view(kp.shape[0], tp // st, st, 1).expand(-1, -1, -1, n_heads)
+            ks = torch.gather(grid, 2, idx.expand(kp.shape[0], tp // st, -1, -1))
+            ks = ks.reshape(kp.shape[0], (tp // st) * c, n_heads)  # (B, nt*c, H)
         base_t = torch.tensor(bases, device=device)
         padded = []
         for pc in calls:
-            keep = _padding_keep(pc.call, kp, ks, l)
-            struct = _structural_keep(pc.call, l, c, base_t, device)
+            keep = _padding_keep(pc.call, kp, ks, st)
+            struct = _structural_keep(pc.call, st, c, base_t, device)
             if struct is not None:
                 keep = keep & struct
-            padded.append(_prepare_call(pc.call, keep, l, dtype))
+            padded.append(_prepare_call(pc.call, keep, st, dtype))
         calls = tuple(padded)
-    return SparsePlan(seq_len, tp, l, c, n_heads, causal, calls, bases, key_padding=kp)
+    return SparsePlan(seq_len, tp, st, c, n_heads, causal, calls, bases, key_padding=kp)
 
 
 # ------------------------------------------------------------------------------ the engine
@@ -559,7 +561,7 @@ class _Layouts:
     def __init__(self, plan: SparsePlan, q: Tensor, k: Tensor, v: Tensor) -> None:
         self.plan = plan
         self.b, self.tp, self.h, self.dh = q.shape
-        self.l, self.c, self.nt = plan.stride, plan.summary, plan.n_tiles
+        self.st, self.c, self.nt = plan.stride, plan.summary, plan.n_tiles
         self.nat = {"q": q, "k": k, "v": v}
         self._col: dict[str, Tensor] = {}
         self._sum: dict[str, Tensor] = {}
@@ -567,7 +569,7 @@ class _Layouts:
 
     # natural (B, Tp, H, Dh) -> column layout (B, l, nt, H, Dh)
     def to_col(self, x: Tensor) -> Tensor:
-        return x.view(self.b, self.nt, self.l, *x.shape[2:]).transpose(1, 2).contiguous()
+        return x.view(self.b, self.nt, self.st, *x.shape[2:]).transpose(1, 2).contiguous()
 
     def from_col(self, x: Tensor) -> Tensor:
         return x.transpose(1, 2).reshape(self.b, self.tp, *x.shape[3:])
@@ -587,14 +589,14 @@ class _Layouts:
     def summ(self, name: str) -> Tensor:
         """Gathered summary keys/values (B, nt*c, H, Dh)."""
         if name not in self._sum:
-            x = self.nat[name].view(self.b, self.nt, self.l, self.h, self.dh)
+            x = self.nat[name].view(self.b, self.nt, self.st, self.h, self.dh)
             g = torch.gather(x, 2, self.index)  # (B, nt, c, H, Dh)
             self._sum[name] = g.reshape(self.b, self.nt * self.c, self.h, self.dh)
         return self._sum[name]
 
     def unsumm(self, g: Tensor) -> Tensor:
         """Gradient of the summary gather: (B, nt*c, H, Dh) -> natural (B, Tp, H, Dh)."""
-        out = torch.zeros(self.b, self.nt, self.l, self.h, self.dh, dtype=g.dtype, device=g.device)
+        out = torch.zeros(self.b, self.nt, self.st, self.h, self.dh, dtype=g.dtype, device=g.device)
         out.scatter_add_(2, self.index, g.view(self.b, self.nt, self.c, self.h, self.dh))
         return out.view(self.b, self.tp, self.h, self.dh)
 
@@ -606,10 +608,10 @@ class _Layouts:
         h0, h1 = call.heads
         a, z = getattr(call, which)
         if call.kind == "tile":
-            t = x.view(self.b, self.nt, self.l, *x.shape[2:])[:, a:z, :, h0:h1]
-            t = t.reshape(self.b * (z - a), self.l, *t.shape[3:])
+            t = x.view(self.b, self.nt, self.st, *x.shape[2:])[:, a:z, :, h0:h1]
+            t = t.reshape(self.b * (z - a), self.st, *t.shape[3:])
         elif call.kind == "col":
-            t = x[:, :, a:z, h0:h1].reshape(self.b * self.l, z - a, h1 - h0, *x.shape[4:])
+            t = x[:, :, a:z, h0:h1].reshape(self.b * self.st, z - a, h1 - h0, *x.shape[4:])
         else:
             t = x[:, a:z, h0:h1]
         return t.transpose(1, 2)
@@ -621,8 +623,10 @@ class _Layouts:
         if call.kind == "col":
             return tuple(self.side(call, self.col(n), w, "col") for n, w in zip("qkv", "qkk"))
         q = self.side(call, self.nat["q"], "q", "nat")
-        return q, self.side(call, self.summ("k"), "k", "sum"), self.side(
-            call, self.summ("v"), "k", "sum"
+        return (
+            q,
+            self.side(call, self.summ("k"), "k", "sum"),
+            self.side(call, self.summ("v"), "k", "sum"),
         )
 
     def query_rows(self, call: _Call, x: Tensor, x_col: Tensor | None) -> Tensor:
@@ -638,11 +642,13 @@ class _Layouts:
         t = t.transpose(1, 2)  # (B', Tq, H', ...)
         a, z = call.q
         if call.kind == "tile":
-            return slice(a * self.l, z * self.l), t.reshape(self.b, (z - a) * self.l, *t.shape[2:])
+            return slice(a * self.st, z * self.st), t.reshape(
+                self.b, (z - a) * self.st, *t.shape[2:]
+            )
         if call.kind == "sum":
             return slice(a, z), t
-        full = t.new_full((self.b, self.l, self.nt, *t.shape[2:]), fill)
-        full[:, :, a:z] = t.reshape(self.b, self.l, z - a, *t.shape[2:])
+        full = t.new_full((self.b, self.st, self.nt, *t.shape[2:]), fill)
+        full[:, :, a:z] = t.reshape(self.b, self.st, z - a, *t.shape[2:])
         return slice(0, self.tp), self.from_col(full)
 
 
@@ -733,10 +739,10 @@ def _add_rows(lay: _Layouts, call: _Call, acc: Tensor, g: Tensor, which: str) ->
     if call.kind == "sum":
         acc[:, a:z, h0:h1] += g
     elif call.kind == "tile":
-        tiles = acc.view(lay.b, lay.nt, lay.l, lay.h, lay.dh)[:, a:z, :, h0:h1]
-        tiles += g.reshape(lay.b, z - a, lay.l, h1 - h0, lay.dh)
+        tiles = acc.view(lay.b, lay.nt, lay.st, lay.h, lay.dh)[:, a:z, :, h0:h1]
+        tiles += g.reshape(lay.b, z - a, lay.st, h1 - h0, lay.dh)
     else:
-        acc[:, :, a:z, h0:h1] += g.reshape(lay.b, lay.l, z - a, h1 - h0, lay.dh)
+        acc[:, :, a:z, h0:h1] += g.reshape(lay.b, lay.st, z - a, h1 - h0, lay.dh)
 
 
 class _TiledAttention(torch.autograd.Function):
@@ -761,8 +767,7 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, plan: SparsePlan) -> Tensor
     b, t, h, dh = q.shape
     if t != plan.seq_len or h != plan.n_heads:
         raise ValueError(
-            f"q has T={t}, H={h} but the plan was prepared for T={plan.seq_len}, "
-            f"H={plan.n_heads}"
+            f"q has T={t}, H={h} but the plan was prepared for T={plan.seq_len}, H={plan.n_heads}"
         )
     if plan.key_padding is not None and plan.key_padding.shape[0] not in (1, b):
         raise ValueError(
@@ -819,8 +824,8 @@ class SparseAttention(DenseAttention):
 
     @classmethod
     def example_config(cls, config: SparseConfig, seq_len: int) -> SparseConfig:
-        l = max(2, math.isqrt(seq_len))
-        return dataclasses.replace(config, stride=l, summary=max(1, l // 4), num_verts=2)
+        st = max(2, math.isqrt(seq_len))
+        return dataclasses.replace(config, stride=st, summary=max(1, st // 4), num_verts=2)
 
     @classmethod
     def degenerate_config(cls, config: SparseConfig, seq_len: int) -> SparseConfig:
