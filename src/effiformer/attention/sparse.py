@@ -287,14 +287,20 @@ def _math_scores(q: Tensor, k: Tensor, causal: bool, mask: Tensor | None, scale:
 
 # ------------------------------------------------------------------------------ the plan
 
+# Kinds of tile call (queries x keys, each batched over the dimension named):
+#   "tile"    natural tiles q = [a, z) of length l  x  natural tiles k = [a', z')       (tiles)
+#   "col"     rows q of every column of the (n/l, l) grid  x  rows k of that column  (columns)
+#   "sum"     natural positions q = [a, z)  x  gathered summary keys k = [a', z')     (-)
+#   "usum"    rows q of the u-layout (queries regrouped by their offset's c-block, u = l/c)
+#             x  summary keys k, the same for every u                                 (u)
+#   "sumtile" natural tiles q  x  the c summary keys of summary tiles k               (tiles)
+
 
 @dataclass(frozen=True)
 class _Call:
-    """One dense tile call. kind ``"tile"``: query tiles ``q`` against key tiles ``k`` (same
-    count) of the natural order, batched over tiles; ``"col"``: query rows ``q`` against key rows
-    ``k`` of every column of the (n/l, l) grid, batched over columns; ``"sum"``: natural query
-    positions ``q`` against gathered summary keys ``k``. ``heads``: [h0, h1). ``causal``:
-    top-left causal inside the call; ``rel``: a structural mask (see ``_structural_keep``)."""
+    """One dense tile call (kinds above). ``heads``: [h0, h1); ``q``/``k``: row ranges in the
+    call's spaces; ``causal``: top-left causal inside the call (key kj <= query qi); ``rel``: a
+    structural mask (see ``_structural_keep``)."""
 
     kind: str
     heads: tuple[int, int]
@@ -307,9 +313,8 @@ class _Call:
 @dataclass(frozen=True)
 class _PreparedCall:
     call: _Call
-    causal: bool  # is_causal for the kernel (False when folded into ``mask``)
     mask: Tensor | None  # additive, broadcastable to the call's (B', H', Tq, Tk)
-    empty: Tensor | None  # bool, broadcastable to (B', H', Tq): rows without keys
+    empty: Tensor | None  # bool, broadcastable to (B', H', Tq): rows without any key
 
 
 @dataclass(frozen=True)
@@ -318,7 +323,7 @@ class SparsePlan:
 
     seq_len: T; padded_len: T rounded up to a multiple of ``stride``; causal; calls: the tile
     calls; bases: (H,) first in-block offset of each head's summary sub-block (fixed pattern);
-    key_padding: (B, padded_len) bool or None; dense_keep: the (B|1, H, T, T) keep-mask
+    key_padding: (B | 1, padded_len) bool or None; dense_keep: the (B | 1, H, T, T) keep-mask
     (``impl="dense"`` only)."""
 
     seq_len: int
@@ -336,17 +341,16 @@ class SparsePlan:
     def n_tiles(self) -> int:
         return self.padded_len // self.stride
 
-    def uses(self, kind: str) -> bool:
-        return any(pc.call.kind == kind for pc in self.calls)
+    def uses(self, *kinds: str) -> bool:
+        return any(pc.call.kind in kinds for pc in self.calls)
 
 
 def _head_ranges(roles: tuple[HeadRole, ...], step: str) -> list[tuple[int, int]]:
-    """Contiguous head ranges whose role includes ``step`` ("a1"/"a2") and, for A^(2), whether
-    the head also has A^(1) (merged) — split into maximal runs of equal kind."""
+    """Maximal runs of heads whose role includes ``step`` ("a1"/"a2"); A^(2) runs also keep
+    merged heads (A^(1) too) apart from A^(2)-only ones."""
     runs: list[tuple[int, int]] = []
     for h, r in enumerate(roles):
-        on = r.a1 if step == "a1" else r.a2
-        if not on:
+        if not (r.a1 if step == "a1" else r.a2):
             continue
         if runs and runs[-1][1] == h and (step == "a1" or roles[h - 1].a1 == r.a1):
             runs[-1] = (runs[-1][0], h + 1)
@@ -368,27 +372,41 @@ def _structure(config: SparseConfig, n_heads: int, n_tiles: int, causal: bool) -
                 calls.append(_Call("tile", hs, (0, nt - 1), (1, nt), rel="before"))
     for hs in _head_ranges(roles, "a2"):
         merged = roles[hs[0]].a1
-        if config.pattern == "strided":
-            if causal and merged:  # j = i is in A1: rows r' <= r - 1 of the column
-                if nt > 1:
-                    calls.append(_Call("col", hs, (1, nt), (0, nt - 1), causal=True))
-            elif causal:
-                calls.append(_Call("col", hs, (0, nt), (0, nt), causal=True))
-            else:
-                calls.append(_Call("col", hs, (0, nt), (0, nt), rel="not_self" if merged else None))
-        else:
+        if config.pattern == "fixed":
             calls.extend(_summary_calls(config, hs, nt, causal, merged))
+        elif causal and merged:  # j = i is in A1: column rows r' <= r - 1
+            if nt > 1:
+                calls.append(_Call("col", hs, (1, nt), (0, nt - 1), causal=True))
+        elif causal:
+            calls.append(_Call("col", hs, (0, nt), (0, nt), causal=True))
+        else:
+            calls.append(_Call("col", hs, (0, nt), (0, nt), rel="not_self" if merged else None))
     return calls
 
 
 def _summary_calls(
     config: SparseConfig, hs: tuple[int, int], nt: int, causal: bool, merged: bool
 ) -> list[_Call]:
-    """Fixed A^(2): query tiles grouped ~sqrt(nt) at a time; each group attends densely to the
-    summaries of the other tiles it may see and, masked, to those of its own tiles."""
+    """Fixed A^(2) (summary tiles s of query tile r: s < r merged, also this tile's summary up
+    to the query alone; bidirectional s != r merged, every s alone).
+
+    Causal with c | l: the queries regrouped as u = l/c sequences (query ``r l + u c + v`` at
+    row ``r c + v``) meet the n c / l summary keys (key ``s c + w``) in one dense top-left causal
+    call shifted by c (keeps s < r - 1, and s = r - 1 with w <= v), plus a tile call for the rest
+    of summary tile r - 1 (w > v). Otherwise query tiles are grouped ~sqrt(nt) at a time, each
+    group dense against the summaries it fully sees and masked against its own."""
     st, c = config.stride, config.summary
+    n = nt * c
     if not causal and not merged:  # every query sees every summary position
-        return [_Call("sum", hs, (0, nt * st), (0, nt * c))]
+        return [_Call("sum", hs, (0, nt * st), (0, n))]
+    if causal and st % c == 0:
+        calls = []
+        if nt > 1:
+            calls.append(_Call("usum", hs, (c, n), (0, n - c), causal=True))
+            calls.append(_Call("sumtile", hs, (1, nt), (0, nt - 1), rel="sum_prev"))
+        if not merged:
+            calls.append(_Call("sumtile", hs, (0, nt), (0, nt), rel="sum_own"))
+        return calls
     n_groups = math.ceil(math.sqrt(nt))
     m = math.ceil(nt / n_groups)
     calls = []
@@ -398,10 +416,19 @@ def _summary_calls(
         if t0 > 0:
             calls.append(_Call("sum", hs, qs, (0, t0 * c)))
         if not causal and t1 < nt:
-            calls.append(_Call("sum", hs, qs, (t1 * c, nt * c)))
+            calls.append(_Call("sum", hs, qs, (t1 * c, n)))
         rel = ("sum_strict" if merged else "sum_causal") if causal else "sum_other"
         calls.append(_Call("sum", hs, qs, (t0 * c, t1 * c), rel=rel))
     return calls
+
+
+def _call_dims(call: _Call, st: int, c: int) -> tuple[int, int]:
+    """(Tq, Tk) of one call."""
+    if call.kind == "tile":
+        return st, st
+    if call.kind == "sumtile":
+        return st, c
+    return call.q[1] - call.q[0], call.k[1] - call.k[0]
 
 
 def _structural_keep(
@@ -411,12 +438,17 @@ def _structural_keep(
     rel = call.rel
     if rel is None:
         return None
-    if call.kind in ("tile", "col"):
-        n = st if call.kind == "tile" else call.q[1] - call.q[0]
-        qi = torch.arange(n, device=device)[:, None]
-        kj = torch.arange(n, device=device)[None, :]
+    tq, tk = _call_dims(call, st, c)
+    qi = torch.arange(tq, device=device)[:, None]
+    kj = torch.arange(tk, device=device)[None, :]
+    if rel in ("after", "before", "not_self"):
         keep = {"after": kj > qi, "before": kj < qi, "not_self": kj != qi}[rel]
-        return keep[None, None]  # (1, 1, n, n)
+        return keep[None, None]  # (1, 1, Tq, Tk)
+    h0, h1 = call.heads
+    if rel == "sum_prev":  # summary tile r - 1 minus what the u-call took (w <= v)
+        return (kj > qi % c)[None, None]
+    if rel == "sum_own":  # this tile's own summary positions up to the query (per head)
+        return (bases[h0:h1, None, None] + kj[None] <= qi[None])[None]  # (1, H', st, c)
     qpos = torch.arange(*call.q, device=device)  # (Tq,)
     kidx = torch.arange(*call.k, device=device)  # (Tk,)
     r = (qpos // st)[:, None]  # query tile
@@ -426,11 +458,30 @@ def _structural_keep(
     if rel == "sum_other":
         return (s != r)[None, None]
     # "sum_causal": earlier tiles, and this tile's summary positions up to the query (per head)
-    h0, h1 = call.heads
     kpos = (kidx // c) * st + (kidx % c)  # (Tk,) position minus the head's base
     kpos = kpos[None, None, :] + bases[h0:h1, None, None]  # (H', 1, Tk)
     causal = kpos <= qpos[None, :, None]  # (H', Tq, Tk)
     return ((s < r)[None] | ((s == r)[None] & causal))[None]  # (1, H', Tq, Tk)
+
+
+def _prepare_call(
+    call: _Call, keep: Tensor | None, dims: tuple[int, int], dtype: torch.dtype
+) -> _PreparedCall:
+    """The additive mask and the rows without keys of a call from its keep-mask. Causal calls
+    carry only key padding (B', 1 | H', 1, Tk); the kernel applies the triangle."""
+    if keep is None:
+        return _PreparedCall(call, None, None)
+    mask = torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(
+        ~keep, float("-inf")
+    )
+    if call.causal:  # row qi sees keys 0..qi: empty when none of them is real
+        tq, tk = dims
+        seen = keep[..., 0, :].to(torch.uint8).cummax(-1).values.to(torch.bool)  # (B', ., Tk)
+        idx = torch.arange(tq, device=keep.device).clamp(max=tk - 1)
+        empty = ~seen[..., idx]  # (B', ., Tq)
+    else:
+        empty = ~keep.any(-1)
+    return _PreparedCall(call, mask, empty if bool(empty.any()) else None)
 
 
 @functools.lru_cache(maxsize=64)
@@ -450,45 +501,30 @@ def _structural_plan(
     out = []
     for call in _structure(config, n_heads, padded_len // st, causal):
         keep = _structural_keep(call, st, c, base_t, device)
-        out.append(_prepare_call(call, keep, st, dtype))
+        out.append(_prepare_call(call, keep, _call_dims(call, st, c), dtype))
     return tuple(out), bases
 
 
-def _call_dims(call: _Call, st: int) -> tuple[int, int]:
-    """(Tq, Tk) of one call."""
-    if call.kind == "tile":
-        return st, st
-    return call.q[1] - call.q[0], call.k[1] - call.k[0]
-
-
-def _prepare_call(call: _Call, keep: Tensor | None, st: int, dtype: torch.dtype) -> _PreparedCall:
-    if keep is None:
-        return _PreparedCall(call, call.causal, None, None)
-    if call.causal:  # fold the (top-left) causal triangle into the mask
-        tq, tk = _call_dims(call, st)
-        keep = keep & torch.ones(tq, tk, dtype=torch.bool, device=keep.device).tril()
-    mask = torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(
-        ~keep, float("-inf")
-    )
-    empty = ~keep.any(-1)
-    return _PreparedCall(call, False, mask, empty if bool(empty.any()) else None)
-
-
-def _padding_keep(call: _Call, kp: Tensor, ks: Tensor | None, st: int) -> Tensor:
+def _padding_keep(call: _Call, kp: Tensor, ks: Tensor | None, st: int, c: int) -> Tensor:
     """Key padding of a call's keys as a keep-mask (B', 1 | H', 1, Tk). kp: (B, Tp) bool;
     ks: (B, nt*c, H) bool, the padding of the gathered summary keys."""
     b = kp.shape[0]
     nt = kp.shape[1] // st
+    (k0, k1), (h0, h1) = call.k, call.heads
     if call.kind == "tile":
-        k0, k1 = call.k
         return kp.view(b, nt, st)[:, k0:k1].reshape(b * (k1 - k0), 1, 1, st)
     if call.kind == "col":
-        k0, k1 = call.k
         cols = kp.view(b, nt, st).transpose(1, 2)[:, :, k0:k1]  # (B, l, n)
         return cols.reshape(b * st, 1, 1, k1 - k0)
     assert ks is not None
-    h0, h1 = call.heads
-    return ks[:, call.k[0] : call.k[1], h0:h1].permute(0, 2, 1)[:, :, None, :]  # (B, H', 1, Tk)
+    if call.kind == "sumtile":
+        t = ks.view(b, nt, c, -1)[:, k0:k1, :, h0:h1].reshape(b * (k1 - k0), c, h1 - h0)
+        return t.permute(0, 2, 1)[:, :, None, :]  # (B n, H', 1, c)
+    t = ks[:, k0:k1, h0:h1].permute(0, 2, 1)[:, :, None, :]  # (B, H', 1, Tk)
+    if call.kind == "usum":
+        u = st // c
+        t = t[:, None].expand(b, u, *t.shape[1:]).reshape(b * u, *t.shape[1:])
+    return t
 
 
 def _summary_index(bases: tuple[int, ...], c: int, device: torch.device) -> Tensor:
@@ -518,35 +554,31 @@ def build_plan(
     if config.impl == "dense":
         keep = pattern_mask(config, seq_len, n_heads, causal=causal).to(device)[None]
         if key_padding is not None:
-            keep = keep & key_padding[:, None, None, :].to(torch.bool)
+            keep = keep & key_padding[:, None, None, :].to(device=device, dtype=torch.bool)
         return SparsePlan(seq_len, seq_len, st, c, n_heads, causal, dense_keep=keep)
     calls, bases = _structural_plan(config, n_heads, tp, causal, device, dtype)
     kp = None
     if key_padding is not None or (tp > seq_len and not causal):
         # Causal: the tail padding sits after every real query, so no real query sees it.
-        kp = torch.ones(
-            key_padding.shape[0] if key_padding is not None else 1,
-            tp,
-            dtype=torch.bool,
-            device=device,
-        )
+        b = key_padding.shape[0] if key_padding is not None else 1
+        kp = torch.ones(b, tp, dtype=torch.bool, device=device)
         kp[:, seq_len:] = False
         if key_padding is not None:
             kp[:, :seq_len] = key_padding.to(device=device, dtype=torch.bool)
         ks = None
         if config.pattern == "fixed":
             idx = _summary_index(bases, c, device)[..., 0]  # (1, 1, c, H)
-            grid = kp.view(kp.shape[0], tp // st, st, 1).expand(-1, -1, -1, n_heads)
-            ks = torch.gather(grid, 2, idx.expand(kp.shape[0], tp // st, -1, -1))
-            ks = ks.reshape(kp.shape[0], (tp // st) * c, n_heads)  # (B, nt*c, H)
+            grid = kp.view(b, tp // st, st, 1).expand(-1, -1, -1, n_heads)
+            ks = torch.gather(grid, 2, idx.expand(b, tp // st, -1, -1))
+            ks = ks.reshape(b, (tp // st) * c, n_heads)  # (B, nt*c, H)
         base_t = torch.tensor(bases, device=device)
         padded = []
         for pc in calls:
-            keep = _padding_keep(pc.call, kp, ks, st)
+            keep = _padding_keep(pc.call, kp, ks, st, c)
             struct = _structural_keep(pc.call, st, c, base_t, device)
             if struct is not None:
                 keep = keep & struct
-            padded.append(_prepare_call(pc.call, keep, st, dtype))
+            padded.append(_prepare_call(pc.call, keep, _call_dims(pc.call, st, c), dtype))
         calls = tuple(padded)
     return SparsePlan(seq_len, tp, st, c, n_heads, causal, calls, bases, key_padding=kp)
 
@@ -555,29 +587,41 @@ def build_plan(
 
 
 class _Layouts:
-    """The natural-order tensors (B, Tp, H, Dh) of one call of :func:`tiled_attention` and the
-    views each kind of tile call reads from them (column and summary layouts made on demand)."""
+    """The spaces one call of :func:`tiled_attention` reads (shapes for q, k, v; lse and the
+    key padding drop the last dim):
+
+    - natural (B, Tp, H, Dh), cut into tiles of l (or of c for the summaries);
+    - column (B, l, nt, H, Dh): the (nt, l) grid transposed;
+    - u (B u, nt c, H, Dh): query ``r l + u c + v`` at row ``r c + v`` of sequence ``u``;
+    - summary (B, nt c, H, Dh): the gathered summary positions of every head.
+
+    ``take`` reads a call's rows as the kernel's (B', H', rows, ...); ``put`` adds a call's
+    gradient back into its space."""
 
     def __init__(self, plan: SparsePlan, q: Tensor, k: Tensor, v: Tensor) -> None:
         self.plan = plan
         self.b, self.tp, self.h, self.dh = q.shape
         self.st, self.c, self.nt = plan.stride, plan.summary, plan.n_tiles
+        self.u = self.st // self.c
         self.nat = {"q": q, "k": k, "v": v}
-        self._col: dict[str, Tensor] = {}
-        self._sum: dict[str, Tensor] = {}
+        self._cache: dict[tuple[str, str], Tensor] = {}
         self._idx: Tensor | None = None
 
-    # natural (B, Tp, H, Dh) -> column layout (B, l, nt, H, Dh)
+    # ---- spaces ---------------------------------------------------------------------------
+
     def to_col(self, x: Tensor) -> Tensor:
         return x.view(self.b, self.nt, self.st, *x.shape[2:]).transpose(1, 2).contiguous()
 
     def from_col(self, x: Tensor) -> Tensor:
         return x.transpose(1, 2).reshape(self.b, self.tp, *x.shape[3:])
 
-    def col(self, name: str) -> Tensor:
-        if name not in self._col:
-            self._col[name] = self.to_col(self.nat[name])
-        return self._col[name]
+    def to_u(self, x: Tensor) -> Tensor:
+        t = x.view(self.b, self.nt, self.u, self.c, *x.shape[2:]).transpose(1, 2)
+        return t.reshape(self.b * self.u, self.nt * self.c, *x.shape[2:])
+
+    def from_u(self, x: Tensor) -> Tensor:
+        t = x.view(self.b, self.u, self.nt, self.c, *x.shape[2:]).transpose(1, 2)
+        return t.reshape(self.b, self.tp, *x.shape[2:])
 
     @property
     def index(self) -> Tensor:
@@ -586,70 +630,97 @@ class _Layouts:
             self._idx = idx.expand(self.b, self.nt, self.c, self.h, self.dh)
         return self._idx
 
-    def summ(self, name: str) -> Tensor:
-        """Gathered summary keys/values (B, nt*c, H, Dh)."""
-        if name not in self._sum:
-            x = self.nat[name].view(self.b, self.nt, self.st, self.h, self.dh)
-            g = torch.gather(x, 2, self.index)  # (B, nt, c, H, Dh)
-            self._sum[name] = g.reshape(self.b, self.nt * self.c, self.h, self.dh)
-        return self._sum[name]
+    def to_sum(self, x: Tensor) -> Tensor:
+        g = torch.gather(x.view(self.b, self.nt, self.st, self.h, self.dh), 2, self.index)
+        return g.reshape(self.b, self.nt * self.c, self.h, self.dh)  # (B, nt c, H, Dh)
 
-    def unsumm(self, g: Tensor) -> Tensor:
-        """Gradient of the summary gather: (B, nt*c, H, Dh) -> natural (B, Tp, H, Dh)."""
-        out = torch.zeros(self.b, self.nt, self.st, self.h, self.dh, dtype=g.dtype, device=g.device)
+    def from_sum(self, g: Tensor) -> Tensor:
+        """Gradient of the summary gather: (B, nt c, H, Dh) -> natural (B, Tp, H, Dh)."""
+        out = g.new_zeros(self.b, self.nt, self.st, self.h, self.dh)
         out.scatter_add_(2, self.index, g.view(self.b, self.nt, self.c, self.h, self.dh))
         return out.view(self.b, self.tp, self.h, self.dh)
 
-    # ---- one call's operands, (B', H', T, Dh) -------------------------------------------
+    def space(self, name: str, space: str) -> Tensor:
+        """q, k or v in ``space`` ("nat", "col", "u", "sum"), made once."""
+        if space == "nat":
+            return self.nat[name]
+        key = (name, space)
+        if key not in self._cache:
+            conv = {"col": self.to_col, "u": self.to_u, "sum": self.to_sum}[space]
+            self._cache[key] = conv(self.nat[name])
+        return self._cache[key]
 
-    def side(self, call: _Call, x: Tensor, which: str, space: str) -> Tensor:
-        """Rows ``which`` ("q" or "k") of ``call`` from ``x`` given in ``space`` (natural
-        (B, Tp, H, ...), col (B, l, nt, H, ...) or summary (B, nt*c, H, ...)), as (B', H', n, ...)."""
-        h0, h1 = call.heads
-        a, z = getattr(call, which)
-        if call.kind == "tile":
-            t = x.view(self.b, self.nt, self.st, *x.shape[2:])[:, a:z, :, h0:h1]
-            t = t.reshape(self.b * (z - a), self.st, *t.shape[3:])
-        elif call.kind == "col":
+    # ---- the calls' rows --------------------------------------------------------------------
+
+    @staticmethod
+    def q_space(kind: str) -> str:
+        return {"col": "col", "usum": "u"}.get(kind, "nat")
+
+    @staticmethod
+    def k_space(kind: str) -> str:
+        return {"tile": "nat", "col": "col"}.get(kind, "sum")
+
+    def _tiles(self, x: Tensor, width: int, a: int, z: int, h0: int, h1: int) -> Tensor:
+        t = x.view(self.b, -1, width, *x.shape[2:])[:, a:z, :, h0:h1]
+        return t.reshape(self.b * (z - a), width, *t.shape[3:])
+
+    def take(self, call: _Call, x: Tensor, which: str) -> Tensor:
+        """The call's ``which`` ("q"/"k") rows of ``x`` (given in that side's space) as
+        (B', H', rows, ...)."""
+        kind, (h0, h1), (a, z) = call.kind, call.heads, getattr(call, which)
+        if kind == "col":
             t = x[:, :, a:z, h0:h1].reshape(self.b * self.st, z - a, h1 - h0, *x.shape[4:])
-        else:
+        elif kind == "tile" or (kind == "sumtile" and which == "q"):
+            t = self._tiles(x, self.st, a, z, h0, h1)
+        elif kind == "sumtile":
+            t = self._tiles(x, self.c, a, z, h0, h1)
+        else:  # "sum", "usum": plain rows
             t = x[:, a:z, h0:h1]
+            if kind == "usum" and which == "k":  # the same keys for every u
+                t = t[:, None].expand(self.b, self.u, *t.shape[1:]).reshape(-1, *t.shape[1:])
         return t.transpose(1, 2)
 
     def operands(self, call: _Call) -> tuple[Tensor, Tensor, Tensor]:
-        if call.kind == "tile":
-            src = self.nat
-            return tuple(self.side(call, src[n], w, "nat") for n, w in zip("qkv", "qkk"))
-        if call.kind == "col":
-            return tuple(self.side(call, self.col(n), w, "col") for n, w in zip("qkv", "qkk"))
-        q = self.side(call, self.nat["q"], "q", "nat")
+        qs, ks = self.q_space(call.kind), self.k_space(call.kind)
         return (
-            q,
-            self.side(call, self.summ("k"), "k", "sum"),
-            self.side(call, self.summ("v"), "k", "sum"),
+            self.take(call, self.space("q", qs), "q"),
+            self.take(call, self.space("k", ks), "k"),
+            self.take(call, self.space("v", ks), "k"),
         )
 
-    def query_rows(self, call: _Call, x: Tensor, x_col: Tensor | None) -> Tensor:
-        """Natural (B, Tp, H, ...) rows of the call's queries as (B', H', Tq, ...)."""
-        if call.kind == "col":
-            assert x_col is not None
-            return self.side(call, x_col, "q", "col")
-        return self.side(call, x, "q", "nat")
+    def put(self, call: _Call, acc: Tensor, g: Tensor, which: str) -> None:
+        """acc (the side's space) += the call's gradient g (B', H', rows, Dh) at its rows."""
+        kind, (h0, h1), (a, z) = call.kind, call.heads, getattr(call, which)
+        g = g.transpose(1, 2)  # (B', rows, H', Dh)
+        if kind == "col":
+            acc[:, :, a:z, h0:h1] += g.reshape(self.b, self.st, z - a, h1 - h0, self.dh)
+        elif kind == "tile" or (kind == "sumtile" and which == "q"):
+            view = acc.view(self.b, self.nt, self.st, self.h, self.dh)[:, a:z, :, h0:h1]
+            view += g.reshape(self.b, z - a, self.st, h1 - h0, self.dh)
+        elif kind == "sumtile":
+            view = acc.view(self.b, self.nt, self.c, self.h, self.dh)[:, a:z, :, h0:h1]
+            view += g.reshape(self.b, z - a, self.c, h1 - h0, self.dh)
+        elif kind == "usum" and which == "k":
+            acc[:, a:z, h0:h1] += g.reshape(self.b, self.u, z - a, h1 - h0, self.dh).sum(1)
+        else:
+            acc[:, a:z, h0:h1] += g
 
-    def place(self, call: _Call, t: Tensor, fill: float) -> tuple[slice, Tensor]:
+    def result(self, call: _Call, t: Tensor, fill: float) -> tuple[slice, Tensor]:
         """A call's per-query result (B', H', Tq, ...) as natural rows: (slice of Tp, tensor
-        (B, span, H', ...)); column calls cover every position (missing rows = ``fill``)."""
+        (B, span, H', ...)); column and u calls cover every position (missing rows = fill)."""
         t = t.transpose(1, 2)  # (B', Tq, H', ...)
-        a, z = call.q
-        if call.kind == "tile":
-            return slice(a * self.st, z * self.st), t.reshape(
-                self.b, (z - a) * self.st, *t.shape[2:]
-            )
-        if call.kind == "sum":
+        kind, (a, z) = call.kind, call.q
+        if kind in ("tile", "sumtile"):
+            return slice(a * self.st, z * self.st), t.reshape(self.b, -1, *t.shape[2:])
+        if kind == "sum":
             return slice(a, z), t
-        full = t.new_full((self.b, self.st, self.nt, *t.shape[2:]), fill)
-        full[:, :, a:z] = t.reshape(self.b, self.st, z - a, *t.shape[2:])
-        return slice(0, self.tp), self.from_col(full)
+        if kind == "col":
+            full = t.new_full((self.b, self.st, self.nt, *t.shape[2:]), fill)
+            full[:, :, a:z] = t.reshape(self.b, self.st, z - a, *t.shape[2:])
+            return slice(0, self.tp), self.from_col(full)
+        full = t.new_full((self.b * self.u, self.nt * self.c, *t.shape[2:]), fill)
+        full[:, a:z] = t
+        return slice(0, self.tp), self.from_u(full)
 
 
 def _fit(t: Tensor | None, batch: int, dtype: torch.dtype | None = None) -> Tensor | None:
@@ -673,12 +744,11 @@ def _run_forward(plan: SparsePlan, q: Tensor, k: Tensor, v: Tensor) -> tuple[Ten
     for pc in plan.calls:
         call = pc.call
         qc, kc, vc = lay.operands(call)
-        mask = _fit(pc.mask, qc.shape[0], q.dtype)
-        o, m = _kernel_forward(qc, kc, vc, pc.causal, mask, scale)
+        o, m = _kernel_forward(qc, kc, vc, call.causal, _fit(pc.mask, qc.shape[0], q.dtype), scale)
         if pc.empty is not None:
             m = m.masked_fill(_fit(pc.empty, qc.shape[0]), float("-inf"))
-        rows, o = lay.place(call, o, 0.0)
-        _, m = lay.place(call, m, float("-inf"))
+        rows, o = lay.result(call, o, 0.0)
+        _, m = lay.result(call, m, float("-inf"))
         h0, h1 = call.heads
         acc_o, acc_m = out[:, rows, h0:h1], lse[:, rows, h0:h1]
         new = torch.logaddexp(acc_m, m)
@@ -691,63 +761,53 @@ def _run_forward(plan: SparsePlan, q: Tensor, k: Tensor, v: Tensor) -> tuple[Ten
 def _run_backward(
     plan: SparsePlan, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv (B, Tp, H, Dh): each call's kernel gets the merged output and log-sum-exp."""
     lay = _Layouts(plan, q, k, v)
     scale = q.shape[-1] ** -0.5
     lse = lse.masked_fill(torch.isneginf(lse), 0.0)  # rows without keys: P = 0 everywhere
-    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    use_col, use_sum = plan.uses("col"), plan.uses("sum")
-    cols = {}
-    if use_col:
-        cols = {"o": lay.to_col(out), "do": lay.to_col(dout), "lse": lay.to_col(lse)}
-        dq_c, dk_c, dv_c = (torch.zeros_like(lay.col(n)) for n in "qkv")
-    if use_sum:
-        dk_s, dv_s = torch.zeros_like(lay.summ("k")), torch.zeros_like(lay.summ("v"))
+    given = {"o": out, "do": dout, "lse": lse}
+    per_space: dict[tuple[str, str], Tensor] = {}
+    grads: dict[tuple[str, str], Tensor] = {}
+
+    def rows(name: str, space: str) -> Tensor:
+        if space == "nat":
+            return given[name]
+        if (name, space) not in per_space:
+            per_space[name, space] = {"col": lay.to_col, "u": lay.to_u}[space](given[name])
+        return per_space[name, space]
+
+    def grad(name: str, space: str) -> Tensor:
+        if (name, space) not in grads:
+            grads[name, space] = torch.zeros_like(lay.space(name, space))
+        return grads[name, space]
+
     for pc in plan.calls:
         call = pc.call
+        qs, ks = lay.q_space(call.kind), lay.k_space(call.kind)
         qc, kc, vc = lay.operands(call)
-        do_c = lay.query_rows(call, dout, cols.get("do"))
-        o_c = lay.query_rows(call, out, cols.get("o"))
-        m_c = lay.query_rows(call, lse, cols.get("lse")).contiguous()
+        do_c = lay.take(call, rows("do", qs), "q")
+        o_c = lay.take(call, rows("o", qs), "q")
+        m_c = lay.take(call, rows("lse", qs), "q").contiguous()
         mask = _fit(pc.mask, qc.shape[0], q.dtype)
-        gq, gk, gv = _kernel_backward(do_c, qc, kc, vc, o_c, m_c, pc.causal, mask, scale)
-        if call.kind == "col":
-            for acc, g, which in ((dq_c, gq, "q"), (dk_c, gk, "k"), (dv_c, gv, "k")):
-                _add_rows(lay, call, acc, g, which)
-        elif call.kind == "tile":
-            for acc, g, which in ((dq, gq, "q"), (dk, gk, "k"), (dv, gv, "k")):
-                _add_rows(lay, call, acc, g, which)
-        else:
-            for acc, g, which in ((dq, gq, "q"), (dk_s, gk, "k"), (dv_s, gv, "k")):
-                _add_rows(lay, call, acc, g, which)
-    if use_col:
-        dq += lay.from_col(dq_c)
-        dk += lay.from_col(dk_c)
-        dv += lay.from_col(dv_c)
-    if use_sum:
-        dk += lay.unsumm(dk_s)
-        dv += lay.unsumm(dv_s)
-    return dq, dk, dv
-
-
-def _add_rows(lay: _Layouts, call: _Call, acc: Tensor, g: Tensor, which: str) -> None:
-    """acc += the call's gradient g (B', H', n, Dh) at its ``which`` ("q"/"k") rows; acc is
-    natural (B, Tp, H, Dh) for tile calls, column (B, l, nt, H, Dh) for column calls, and
-    natural (queries) or summary (B, nt*c, H, Dh) (keys) for summary calls."""
-    h0, h1 = call.heads
-    a, z = getattr(call, which)
-    g = g.transpose(1, 2)  # (B', n, H', Dh)
-    if call.kind == "sum":
-        acc[:, a:z, h0:h1] += g
-    elif call.kind == "tile":
-        tiles = acc.view(lay.b, lay.nt, lay.st, lay.h, lay.dh)[:, a:z, :, h0:h1]
-        tiles += g.reshape(lay.b, z - a, lay.st, h1 - h0, lay.dh)
-    else:
-        acc[:, :, a:z, h0:h1] += g.reshape(lay.b, lay.st, z - a, h1 - h0, lay.dh)
+        gq, gk, gv = _kernel_backward(do_c, qc, kc, vc, o_c, m_c, call.causal, mask, scale)
+        lay.put(call, grad("q", qs), gq, "q")
+        lay.put(call, grad("k", ks), gk, "k")
+        lay.put(call, grad("v", ks), gv, "k")
+    back = {"nat": lambda x: x, "col": lay.from_col, "u": lay.from_u, "sum": lay.from_sum}
+    out_grads = []
+    for name in "qkv":
+        total = None
+        for (n, space), g in grads.items():
+            if n == name:
+                g = back[space](g)
+                total = g if total is None else total + g
+        out_grads.append(torch.zeros_like(q) if total is None else total)
+    return tuple(out_grads)  # type: ignore[return-value]
 
 
 class _TiledAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, plan):  # noqa: D401 - autograd protocol
+    def forward(ctx, q, k, v, plan):
         out, lse = _run_forward(plan, q, k, v)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.plan = plan
@@ -767,7 +827,8 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, plan: SparsePlan) -> Tensor
     b, t, h, dh = q.shape
     if t != plan.seq_len or h != plan.n_heads:
         raise ValueError(
-            f"q has T={t}, H={h} but the plan was prepared for T={plan.seq_len}, H={plan.n_heads}"
+            f"q has T={t}, H={h} but the plan was prepared for T={plan.seq_len}, "
+            f"H={plan.n_heads}"
         )
     if plan.key_padding is not None and plan.key_padding.shape[0] not in (1, b):
         raise ValueError(
