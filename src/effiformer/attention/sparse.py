@@ -291,8 +291,8 @@ def _math_scores(q: Tensor, k: Tensor, causal: bool, mask: Tensor | None, scale:
 #   "tile"    natural tiles q = [a, z) of length l  x  natural tiles k = [a', z')       (tiles)
 #   "col"     rows q of every column of the (n/l, l) grid  x  rows k of that column  (columns)
 #   "sum"     natural positions q = [a, z)  x  gathered summary keys k = [a', z')     (-)
-#   "usum"    rows q of the u-layout (queries regrouped by their offset's c-block, u = l/c)
-#             x  summary keys k, the same for every u                                 (u)
+#   "usum"    rows q of u-sequence ``sub`` (the queries at in-tile offsets sub c .. sub c + c - 1,
+#             in order: query ``r l + sub c + v`` at row ``r c + v``)  x  summary keys k  (-)
 #   "sumtile" natural tiles q  x  the c summary keys of summary tiles k               (tiles)
 
 
@@ -308,6 +308,7 @@ class _Call:
     k: tuple[int, int]
     causal: bool = False
     rel: str | None = None
+    sub: int = 0
 
 
 @dataclass(frozen=True)
@@ -390,10 +391,10 @@ def _summary_calls(
     """Fixed A^(2) (summary tiles s of query tile r: s < r merged, also this tile's summary up
     to the query alone; bidirectional s != r merged, every s alone).
 
-    Causal with c | l: the queries regrouped as u = l/c sequences (query ``r l + u c + v`` at
-    row ``r c + v``) meet the n c / l summary keys (key ``s c + w``) in one dense top-left causal
-    call shifted by c (keeps s < r - 1, and s = r - 1 with w <= v), plus a tile call for the rest
-    of summary tile r - 1 (w > v). Otherwise query tiles are grouped ~sqrt(nt) at a time, each
+    Causal with c | l: the queries regrouped as l/c sequences (query ``r l + u c + v`` at row
+    ``r c + v`` of sequence u) each meet the n c / l summary keys (key ``s c + w``) in one dense
+    top-left causal call shifted by c (keeps s < r - 1, and s = r - 1 with w <= v), plus a tile
+    call for the rest of summary tile r - 1 (w > v). Otherwise query tiles are grouped ~sqrt(nt) at a time, each
     group dense against the summaries it fully sees and masked against its own."""
     st, c = config.stride, config.summary
     n = nt * c
@@ -402,7 +403,8 @@ def _summary_calls(
     if causal and st % c == 0:
         calls = []
         if nt > 1:
-            calls.append(_Call("usum", hs, (c, n), (0, n - c), causal=True))
+            for sub in range(st // c):
+                calls.append(_Call("usum", hs, (c, n), (0, n - c), causal=True, sub=sub))
             calls.append(_Call("sumtile", hs, (1, nt), (0, nt - 1), rel="sum_prev"))
         if not merged:
             calls.append(_Call("sumtile", hs, (0, nt), (0, nt), rel="sum_own"))
@@ -520,11 +522,7 @@ def _padding_keep(call: _Call, kp: Tensor, ks: Tensor | None, st: int, c: int) -
     if call.kind == "sumtile":
         t = ks.view(b, nt, c, -1)[:, k0:k1, :, h0:h1].reshape(b * (k1 - k0), c, h1 - h0)
         return t.permute(0, 2, 1)[:, :, None, :]  # (B n, H', 1, c)
-    t = ks[:, k0:k1, h0:h1].permute(0, 2, 1)[:, :, None, :]  # (B, H', 1, Tk)
-    if call.kind == "usum":
-        u = st // c
-        t = t[:, None].expand(b, u, *t.shape[1:]).reshape(b * u, *t.shape[1:])
-    return t
+    return ks[:, k0:k1, h0:h1].permute(0, 2, 1)[:, :, None, :]  # (B, H', 1, Tk)
 
 
 def _summary_index(bases: tuple[int, ...], c: int, device: torch.device) -> Tensor:
@@ -587,140 +585,91 @@ def build_plan(
 
 
 class _Layouts:
-    """The spaces one call of :func:`tiled_attention` reads (shapes for q, k, v; lse and the
-    key padding drop the last dim):
+    """How a call's rows sit in the natural (B, Tp, H, ...) tensors (q, k, v, the output, the
+    log-sum-exp, the gradients) and in the gathered summaries (B, nt c, H, ...).
 
-    - natural (B, Tp, H, Dh), cut into tiles of l (or of c for the summaries);
-    - column (B, l, nt, H, Dh): the (nt, l) grid transposed;
-    - u (B u, nt c, H, Dh): query ``r l + u c + v`` at row ``r c + v`` of sequence ``u``;
-    - summary (B, nt c, H, Dh): the gathered summary positions of every head.
+    ``q_view`` / ``k_view`` give the call's rows as a *view* (no copy) shaped
+    (B, *rows, H', ...): tiles (B, n, l, ...), columns of the (nt, l) grid (B, l, n, ...), plain
+    rows (B, n, ...), the rows of one u-sequence (B, n, c, ...) (``n`` counting tiles), summary
+    tiles (B, n, c, ...). The kernel reads them as (B', H', T, ...) (``to_kernel``: a view where
+    the strides allow, else a copy of the call's rows) and its results come back onto the same
+    views (``from_kernel``): outputs are merged and gradients added in place, so no layout but
+    the (n c / l)-long summaries is ever materialised whole."""
 
-    ``take`` reads a call's rows as the kernel's (B', H', rows, ...); ``put`` adds a call's
-    gradient back into its space."""
-
-    def __init__(self, plan: SparsePlan, q: Tensor, k: Tensor, v: Tensor) -> None:
-        self.plan = plan
+    def __init__(self, plan: SparsePlan, q: Tensor) -> None:
         self.b, self.tp, self.h, self.dh = q.shape
         self.st, self.c, self.nt = plan.stride, plan.summary, plan.n_tiles
         self.u = self.st // self.c
-        self.nat = {"q": q, "k": k, "v": v}
-        self._cache: dict[tuple[str, str], Tensor] = {}
+        self.bases = plan.bases
         self._idx: Tensor | None = None
 
-    # ---- spaces ---------------------------------------------------------------------------
+    # ---- the summaries --------------------------------------------------------------------
 
-    def to_col(self, x: Tensor) -> Tensor:
-        return x.view(self.b, self.nt, self.st, *x.shape[2:]).transpose(1, 2).contiguous()
-
-    def from_col(self, x: Tensor) -> Tensor:
-        return x.transpose(1, 2).reshape(self.b, self.tp, *x.shape[3:])
-
-    def to_u(self, x: Tensor) -> Tensor:
-        t = x.view(self.b, self.nt, self.u, self.c, *x.shape[2:]).transpose(1, 2)
-        return t.reshape(self.b * self.u, self.nt * self.c, *x.shape[2:])
-
-    def from_u(self, x: Tensor) -> Tensor:
-        t = x.view(self.b, self.u, self.nt, self.c, *x.shape[2:]).transpose(1, 2)
-        return t.reshape(self.b, self.tp, *x.shape[2:])
-
-    @property
-    def index(self) -> Tensor:
+    def index(self, device: torch.device) -> Tensor:
         if self._idx is None:
-            idx = _summary_index(self.plan.bases, self.c, self.nat["q"].device)
+            idx = _summary_index(self.bases, self.c, device)
             self._idx = idx.expand(self.b, self.nt, self.c, self.h, self.dh)
         return self._idx
 
     def to_sum(self, x: Tensor) -> Tensor:
-        g = torch.gather(x.view(self.b, self.nt, self.st, self.h, self.dh), 2, self.index)
-        return g.reshape(self.b, self.nt * self.c, self.h, self.dh)  # (B, nt c, H, Dh)
+        """Gather each head's summary positions: (B, Tp, H, Dh) -> (B, nt c, H, Dh)."""
+        x = x.view(self.b, self.nt, self.st, self.h, self.dh)
+        return torch.gather(x, 2, self.index(x.device)).view(self.b, -1, self.h, self.dh)
 
-    def from_sum(self, g: Tensor) -> Tensor:
-        """Gradient of the summary gather: (B, nt c, H, Dh) -> natural (B, Tp, H, Dh)."""
-        out = g.new_zeros(self.b, self.nt, self.st, self.h, self.dh)
-        out.scatter_add_(2, self.index, g.view(self.b, self.nt, self.c, self.h, self.dh))
-        return out.view(self.b, self.tp, self.h, self.dh)
+    def add_from_sum(self, acc: Tensor, g: Tensor) -> None:
+        """acc (B, Tp, H, Dh) += the summary gradient g (B, nt c, H, Dh) at its positions."""
+        view = acc.view(self.b, self.nt, self.st, self.h, self.dh)
+        view.scatter_add_(2, self.index(g.device), g.view(self.b, self.nt, self.c, self.h, -1))
 
-    def space(self, name: str, space: str) -> Tensor:
-        """q, k or v in ``space`` ("nat", "col", "u", "sum"), made once."""
-        if space == "nat":
-            return self.nat[name]
-        key = (name, space)
-        if key not in self._cache:
-            conv = {"col": self.to_col, "u": self.to_u, "sum": self.to_sum}[space]
-            self._cache[key] = conv(self.nat[name])
-        return self._cache[key]
+    # ---- rows ------------------------------------------------------------------------------
 
-    # ---- the calls' rows --------------------------------------------------------------------
-
-    @staticmethod
-    def q_space(kind: str) -> str:
-        return {"col": "col", "usum": "u"}.get(kind, "nat")
-
-    @staticmethod
-    def k_space(kind: str) -> str:
-        return {"tile": "nat", "col": "col"}.get(kind, "sum")
-
-    def _tiles(self, x: Tensor, width: int, a: int, z: int, h0: int, h1: int) -> Tensor:
-        t = x.view(self.b, -1, width, *x.shape[2:])[:, a:z, :, h0:h1]
-        return t.reshape(self.b * (z - a), width, *t.shape[3:])
-
-    def take(self, call: _Call, x: Tensor, which: str) -> Tensor:
-        """The call's ``which`` ("q"/"k") rows of ``x`` (given in that side's space) as
-        (B', H', rows, ...)."""
-        kind, (h0, h1), (a, z) = call.kind, call.heads, getattr(call, which)
-        if kind == "col":
-            t = x[:, :, a:z, h0:h1].reshape(self.b * self.st, z - a, h1 - h0, *x.shape[4:])
-        elif kind == "tile" or (kind == "sumtile" and which == "q"):
-            t = self._tiles(x, self.st, a, z, h0, h1)
-        elif kind == "sumtile":
-            t = self._tiles(x, self.c, a, z, h0, h1)
-        else:  # "sum", "usum": plain rows
-            t = x[:, a:z, h0:h1]
-            if kind == "usum" and which == "k":  # the same keys for every u
-                t = t[:, None].expand(self.b, self.u, *t.shape[1:]).reshape(-1, *t.shape[1:])
-        return t.transpose(1, 2)
-
-    def operands(self, call: _Call) -> tuple[Tensor, Tensor, Tensor]:
-        qs, ks = self.q_space(call.kind), self.k_space(call.kind)
-        return (
-            self.take(call, self.space("q", qs), "q"),
-            self.take(call, self.space("k", ks), "k"),
-            self.take(call, self.space("v", ks), "k"),
-        )
-
-    def put(self, call: _Call, acc: Tensor, g: Tensor, which: str) -> None:
-        """acc (the side's space) += the call's gradient g (B', H', rows, Dh) at its rows."""
-        kind, (h0, h1), (a, z) = call.kind, call.heads, getattr(call, which)
-        g = g.transpose(1, 2)  # (B', rows, H', Dh)
-        if kind == "col":
-            acc[:, :, a:z, h0:h1] += g.reshape(self.b, self.st, z - a, h1 - h0, self.dh)
-        elif kind == "tile" or (kind == "sumtile" and which == "q"):
-            view = acc.view(self.b, self.nt, self.st, self.h, self.dh)[:, a:z, :, h0:h1]
-            view += g.reshape(self.b, z - a, self.st, h1 - h0, self.dh)
-        elif kind == "sumtile":
-            view = acc.view(self.b, self.nt, self.c, self.h, self.dh)[:, a:z, :, h0:h1]
-            view += g.reshape(self.b, z - a, self.c, h1 - h0, self.dh)
-        elif kind == "usum" and which == "k":
-            acc[:, a:z, h0:h1] += g.reshape(self.b, self.u, z - a, h1 - h0, self.dh).sum(1)
-        else:
-            acc[:, a:z, h0:h1] += g
-
-    def result(self, call: _Call, t: Tensor, fill: float) -> tuple[slice, Tensor]:
-        """A call's per-query result (B', H', Tq, ...) as natural rows: (slice of Tp, tensor
-        (B, span, H', ...)); column and u calls cover every position (missing rows = fill)."""
-        t = t.transpose(1, 2)  # (B', Tq, H', ...)
-        kind, (a, z) = call.kind, call.q
+    def q_view(self, call: _Call, x: Tensor) -> Tensor:
+        """The call's query rows of natural x (B, Tp, H, ...)."""
+        (a, z), (h0, h1), rest = call.q, call.heads, x.shape[3:]
+        kind = call.kind
         if kind in ("tile", "sumtile"):
-            return slice(a * self.st, z * self.st), t.reshape(self.b, -1, *t.shape[2:])
-        if kind == "sum":
-            return slice(a, z), t
+            return x.view(self.b, self.nt, self.st, self.h, *rest)[:, a:z, :, h0:h1]
         if kind == "col":
-            full = t.new_full((self.b, self.st, self.nt, *t.shape[2:]), fill)
-            full[:, :, a:z] = t.reshape(self.b, self.st, z - a, *t.shape[2:])
-            return slice(0, self.tp), self.from_col(full)
-        full = t.new_full((self.b * self.u, self.nt * self.c, *t.shape[2:]), fill)
-        full[:, a:z] = t
-        return slice(0, self.tp), self.from_u(full)
+            grid = x.view(self.b, self.nt, self.st, self.h, *rest).transpose(1, 2)
+            return grid[:, :, a:z, h0:h1]
+        if kind == "usum":  # rows [a, z) of u-sequence ``sub``: whole tiles (a, z multiples of c)
+            grid = x.view(self.b, self.nt, self.u, self.c, self.h, *rest)
+            return grid[:, a // self.c : z // self.c, call.sub, :, h0:h1]
+        return x[:, a:z, h0:h1]
+
+    def k_view(self, call: _Call, x: Tensor) -> Tensor:
+        """The call's key rows of x: natural (tile, col) or summary (sum, usum, sumtile)."""
+        (a, z), (h0, h1), rest = call.k, call.heads, x.shape[3:]
+        if call.kind == "tile":
+            return x.view(self.b, self.nt, self.st, self.h, *rest)[:, a:z, :, h0:h1]
+        if call.kind == "col":
+            grid = x.view(self.b, self.nt, self.st, self.h, *rest).transpose(1, 2)
+            return grid[:, :, a:z, h0:h1]
+        if call.kind == "sumtile":
+            return x.view(self.b, self.nt, self.c, self.h, *rest)[:, a:z, :, h0:h1]
+        return x[:, a:z, h0:h1]
+
+    @staticmethod
+    def dims(call: _Call, side: str) -> tuple[int, int]:
+        """(batch, rows) of a rows view: how many leading dims (B included) form the kernel's
+        batch B', and how many after them form its sequence T."""
+        if call.kind == "sum":
+            return 1, 1
+        if call.kind == "usum":
+            return (1, 2) if side == "q" else (1, 1)
+        return 2, 1
+
+    @staticmethod
+    def to_kernel(view: Tensor, dims: tuple[int, int]) -> Tensor:
+        """A rows view (B, *rows, H', ...) as the kernel's (B', H', T, ...)."""
+        nb, nr = dims
+        bp, t = math.prod(view.shape[:nb]), math.prod(view.shape[nb : nb + nr])
+        return view.reshape(bp, t, *view.shape[nb + nr :]).transpose(1, 2)
+
+    @staticmethod
+    def from_kernel(t: Tensor, view: Tensor) -> Tensor:
+        """The kernel's (B', H', T, ...) result shaped like the rows view it belongs to."""
+        return t.transpose(1, 2).reshape(view.shape)
 
 
 def _fit(t: Tensor | None, batch: int, dtype: torch.dtype | None = None) -> Tensor | None:
@@ -735,74 +684,112 @@ def _fit(t: Tensor | None, batch: int, dtype: torch.dtype | None = None) -> Tens
     return t.repeat(batch // t.shape[0], *([1] * (t.dim() - 1)))
 
 
+def _operands(
+    lay: _Layouts,
+    call: _Call,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    ks: Tensor | None,
+    vs: Tensor | None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The call's (B', H', T, Dh) query, key and value operands."""
+    qk = lay.to_kernel(lay.q_view(call, q), lay.dims(call, "q"))
+    if call.kind not in ("tile", "col"):
+        assert ks is not None and vs is not None
+        k, v = ks, vs
+    d = lay.dims(call, "k")
+    return qk, lay.to_kernel(lay.k_view(call, k), d), lay.to_kernel(lay.k_view(call, v), d)
+
+
+def _covers_all(call: _Call, side: str, lay: _Layouts) -> bool:
+    """Whether a tile call's rows on ``side`` are every row and head of the natural tensors
+    (then the kernel's result, laid out (B, Tp, H, ...) already, *is* the accumulator)."""
+    return call.kind == "tile" and getattr(call, side) == (0, lay.nt) and call.heads == (0, lay.h)
+
+
 def _run_forward(plan: SparsePlan, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-    """Merged output (B, Tp, H, Dh) and log-sum-exp (B, Tp, H) of every call."""
-    lay = _Layouts(plan, q, k, v)
+    """Merged output (B, Tp, H, Dh) and log-sum-exp (B, Tp, H) of every call: each call's
+    result is folded into the accumulators' rows in place (online softmax merge)."""
+    lay = _Layouts(plan, q)
     scale = q.shape[-1] ** -0.5
-    out = torch.zeros_like(q)
-    lse = torch.full(q.shape[:3], float("-inf"), dtype=q.dtype, device=q.device)
+    sums = plan.uses("sum", "usum", "sumtile")
+    ks, vs = (lay.to_sum(k), lay.to_sum(v)) if sums else (None, None)
+    out: Tensor | None = None
+    lse: Tensor | None = None
     for pc in plan.calls:
         call = pc.call
-        qc, kc, vc = lay.operands(call)
+        qc, kc, vc = _operands(lay, call, q, k, v, ks, vs)
         o, m = _kernel_forward(qc, kc, vc, call.causal, _fit(pc.mask, qc.shape[0], q.dtype), scale)
         if pc.empty is not None:
             m = m.masked_fill(_fit(pc.empty, qc.shape[0]), float("-inf"))
-        rows, o = lay.result(call, o, 0.0)
-        _, m = lay.result(call, m, float("-inf"))
-        h0, h1 = call.heads
-        acc_o, acc_m = out[:, rows, h0:h1], lse[:, rows, h0:h1]
+        if out is None and _covers_all(call, "q", lay):  # the first call fills everything
+            out = o.transpose(1, 2).reshape(q.shape)
+            lse = m.transpose(1, 2).reshape(q.shape[:3])
+            continue
+        if out is None or lse is None:
+            out = torch.zeros_like(q)
+            lse = torch.full(q.shape[:3], float("-inf"), dtype=q.dtype, device=q.device)
+        acc_o, acc_m = lay.q_view(call, out), lay.q_view(call, lse)
+        o, m = lay.from_kernel(o, acc_o), lay.from_kernel(m, acc_m)
         new = torch.logaddexp(acc_m, m)
         ref = new.masked_fill(torch.isneginf(new), 0.0)
-        acc_o.mul_(torch.exp(acc_m - ref)[..., None]).add_(o * torch.exp(m - ref)[..., None])
+        acc_o.mul_(torch.exp(acc_m - ref)[..., None]).add_(o.mul_(torch.exp(m - ref)[..., None]))
         acc_m.copy_(new)
+    if out is None or lse is None:  # no call at all (cannot happen for a valid plan)
+        out = torch.zeros_like(q)
+        lse = torch.full(q.shape[:3], float("-inf"), dtype=q.dtype, device=q.device)
     return out, lse
 
 
 def _run_backward(
     plan: SparsePlan, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """dq, dk, dv (B, Tp, H, Dh): each call's kernel gets the merged output and log-sum-exp."""
-    lay = _Layouts(plan, q, k, v)
+    """dq, dk, dv (B, Tp, H, Dh): each call's kernel gets the merged output and log-sum-exp,
+    which makes its gradients those of the softmax over the union of the calls' keys."""
+    lay = _Layouts(plan, q)
     scale = q.shape[-1] ** -0.5
     lse = lse.masked_fill(torch.isneginf(lse), 0.0)  # rows without keys: P = 0 everywhere
-    given = {"o": out, "do": dout, "lse": lse}
-    per_space: dict[tuple[str, str], Tensor] = {}
-    grads: dict[tuple[str, str], Tensor] = {}
+    sums = plan.uses("sum", "usum", "sumtile")
+    ks, vs = (lay.to_sum(k), lay.to_sum(v)) if sums else (None, None)
+    acc: dict[str, Tensor] = {}  # "q", "k", "v" natural; "ks", "vs" summary
 
-    def rows(name: str, space: str) -> Tensor:
-        if space == "nat":
-            return given[name]
-        if (name, space) not in per_space:
-            per_space[name, space] = {"col": lay.to_col, "u": lay.to_u}[space](given[name])
-        return per_space[name, space]
-
-    def grad(name: str, space: str) -> Tensor:
-        if (name, space) not in grads:
-            grads[name, space] = torch.zeros_like(lay.space(name, space))
-        return grads[name, space]
+    def add(name: str, like: Tensor, call: _Call, side: str, g: Tensor) -> None:
+        """acc[name] += the call's gradient g at its ``side`` rows."""
+        if name not in acc and _covers_all(
+            call, side, lay
+        ):  # the kernel's (B', H', T, Dh) is (B, Tp, H, Dh) already
+            acc[name] = g.transpose(1, 2).reshape(like.shape)
+            return
+        if name not in acc:
+            acc[name] = torch.zeros_like(like)
+        view = (lay.q_view if side == "q" else lay.k_view)(call, acc[name])
+        view += lay.from_kernel(g, view)
 
     for pc in plan.calls:
         call = pc.call
-        qs, ks = lay.q_space(call.kind), lay.k_space(call.kind)
-        qc, kc, vc = lay.operands(call)
-        do_c = lay.take(call, rows("do", qs), "q")
-        o_c = lay.take(call, rows("o", qs), "q")
-        m_c = lay.take(call, rows("lse", qs), "q").contiguous()
+        qc, kc, vc = _operands(lay, call, q, k, v, ks, vs)
+        gr = lay.dims(call, "q")
+        do_c = lay.to_kernel(lay.q_view(call, dout), gr)
+        o_c = lay.to_kernel(lay.q_view(call, out), gr)
+        m_c = lay.to_kernel(lay.q_view(call, lse), gr).contiguous()
         mask = _fit(pc.mask, qc.shape[0], q.dtype)
         gq, gk, gv = _kernel_backward(do_c, qc, kc, vc, o_c, m_c, call.causal, mask, scale)
-        lay.put(call, grad("q", qs), gq, "q")
-        lay.put(call, grad("k", ks), gk, "k")
-        lay.put(call, grad("v", ks), gv, "k")
-    back = {"nat": lambda x: x, "col": lay.from_col, "u": lay.from_u, "sum": lay.from_sum}
-    out_grads = []
-    for name in "qkv":
-        total = None
-        for (n, space), g in grads.items():
-            if n == name:
-                g = back[space](g)
-                total = g if total is None else total + g
-        out_grads.append(torch.zeros_like(q) if total is None else total)
-    return tuple(out_grads)  # type: ignore[return-value]
+        add("q", q, call, "q", gq)
+        natural_keys = call.kind in ("tile", "col")
+        for name, g in (("k", gk), ("v", gv)):
+            like = (k if natural_keys else ks) if name == "k" else (v if natural_keys else vs)
+            key = name if natural_keys else name + "s"
+            add(key, like, call, "k", g)
+    dq, dk, dv = (acc.get(n) for n in "qkv")
+    dq = torch.zeros_like(q) if dq is None else dq
+    dk = torch.zeros_like(k) if dk is None else dk
+    dv = torch.zeros_like(v) if dv is None else dv
+    if "ks" in acc:
+        lay.add_from_sum(dk, acc["ks"])
+    if "vs" in acc:
+        lay.add_from_sum(dv, acc["vs"])
+    return dq, dk, dv
 
 
 class _TiledAttention(torch.autograd.Function):
@@ -827,8 +814,7 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, plan: SparsePlan) -> Tensor
     b, t, h, dh = q.shape
     if t != plan.seq_len or h != plan.n_heads:
         raise ValueError(
-            f"q has T={t}, H={h} but the plan was prepared for T={plan.seq_len}, "
-            f"H={plan.n_heads}"
+            f"q has T={t}, H={h} but the plan was prepared for T={plan.seq_len}, H={plan.n_heads}"
         )
     if plan.key_padding is not None and plan.key_padding.shape[0] not in (1, b):
         raise ValueError(
