@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import sparse_plugin  # noqa: E402,F401  (registers the sparse-bench-* names and local-attention)
 from effiformer.bench.cell import bench_overrides, model_workload  # noqa: E402
-from effiformer.bench.references import CellSpec, list_references  # noqa: E402
+from effiformer.bench.references import CellSpec, list_references, missing_requirements  # noqa: E402
 from effiformer.registry import create_model, get_config  # noqa: E402
 
 MODELS = ["sparse-bench-strided-128", "sparse-bench-fixed-128", "sparse-bench-strided-256"]
@@ -51,7 +51,9 @@ def workloads(t: int) -> dict:
         spec = _spec(name, t)
         out[name] = model_workload(create_model(name, **bench_overrides(name, [], t)), spec)
     out["sdpa"] = _ref("sdpa").build(_spec("vanilla-small", t))
-    out["local-attention-256"] = _ref("local-attention").build(_spec("vanilla-small", t))
+    local = _ref("local-attention")
+    if not missing_requirements(local):  # the `bench` extra
+        out["local-attention-256"] = local.build(_spec("vanilla-small", t))
     return out
 
 
