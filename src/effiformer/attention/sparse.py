@@ -55,9 +55,17 @@ log-sum-exp (:func:`tiled_attention`):
 - strided A^(2): the columns of the (n/l, l) grid (the sequence reshaped and transposed, paper
   section 5.5 and ``strided_transpose``): causal attention within each column of n/l positions;
 - fixed A^(1): tile ``r`` against itself;
-- fixed A^(2): the summary positions gathered per head (n c / l keys); query tiles are grouped
-  (about sqrt(n/l) groups), each group attends densely to the summaries of the tiles before it
-  and, with a small mask, to those of its own tiles.
+- fixed A^(2), causal, c dividing l: the summary positions gathered per head (n c / l keys);
+  the queries regrouped into l/c sequences by their in-block offset (query ``r l + u c + v``
+  at row ``r c + v`` of sequence ``u``), each of which attends to the summaries with one dense
+  causal call shifted by c (exactly the pattern's pairs), plus a (l x c) tile call for the rest
+  of the previous block's summary; otherwise (bidirectional, or c not dividing l) query tiles
+  are grouped (about sqrt(n/l) groups), each group dense against the summaries it sees whole
+  and masked against its own.
+
+The calls read their rows as views of the natural (B, T, H, Dh) tensors wherever the strides
+allow, and their outputs and gradients are merged back onto such views in place. In the code
+``st`` is the stride l (ruff forbids the name ``l``).
 
 Each tile call runs a fused flash-attention kernel that also returns the row log-sum-exp
 (``aten._scaled_dot_product_flash_attention_for_cpu`` on CPU; a plain-matmul kernel elsewhere).
