@@ -69,3 +69,28 @@ def test_funnel_flops_counts_the_dense_encoder_exactly():
     dense = n_layers * (3 * linear + 3.5 * attention) + 2 * b * t * d * vocab
     assert r["dense_gflop"] * 1e9 == dense
     assert 0.5 < r["ratio"] < 0.7  # pooling halves the length twice; relative attention costs more
+
+
+def test_sparse_flops_counts_the_pattern_and_the_plan(tmp_path):
+    sparse_flops = _script("sparse_flops")
+    out = tmp_path / "flops.jsonl"
+    assert sparse_flops.main(["--lengths", "1024", "--out", str(out)]) == 0
+    rows = {r["config"]: r for r in map(json.loads, out.read_text().splitlines())}
+    fixed = rows["fixed-128-c32"]
+    # the plan computes at least the pattern; summary keys make fixed far denser than strided
+    assert fixed["computed_gflop_fwd_bwd"] >= fixed["pattern_gflop_fwd_bwd"]
+    assert rows["strided-128"]["keys_per_query"] < fixed["keys_per_query"]
+    assert fixed["flop_limit_layer"] < fixed["flop_limit_attention"]
+
+
+def test_sparse_speed_times_every_workload_interleaved(tmp_path):
+    sparse_speed = _script("sparse_speed")
+    out = tmp_path / "speed.jsonl"
+    threads = torch.get_num_threads()
+    try:
+        assert sparse_speed.main(["--lengths", "256", "--rounds", "1", "--threads", "1",
+                                  "--out", str(out)]) == 0  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    names = {r["name"] for r in map(json.loads, out.read_text().splitlines())}
+    assert {"sdpa", "vanilla-small", "sparse-bench-fixed-128"} <= names

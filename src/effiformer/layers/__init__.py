@@ -4,11 +4,18 @@ layer stack and its memory policies."""
 from .block import TransformerBlock
 from .ffn import FeedForward
 from .memory import FIFOMemory, MemoryPolicy
-from .positions import LearnedPositions, SinusoidalPositions, build_positions, sinusoid_table
+from .positions import (
+    FactorizedPositions,
+    LearnedPositions,
+    SinusoidalPositions,
+    build_positions,
+    sinusoid_table,
+)
 from .stack import LayerCall, LayerStack, StackOutput, prefix_keys
 
 __all__ = [
     "FIFOMemory",
+    "FactorizedPositions",
     "FeedForward",
     "LayerCall",
     "LayerStack",

@@ -1,15 +1,28 @@
-"""Position-wise feed-forward network (Vaswani et al. 2017, eq. 2)."""
+"""Position-wise feed-forward network (Vaswani et al. 2017, eq. 2).
+
+Activations: ``gelu`` (exact erf form), ``gelu_tanh`` (GPT-2's tanh approximation),
+``gelu_sigmoid`` (x * sigmoid(1.702 x), the Sparse Transformer's GELU: Child et al. 2019,
+arXiv 1904.10509, section 5.2, after Hendrycks & Gimpel 2016), ``relu``.
+"""
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["FeedForward", "ACTIVATIONS"]
+__all__ = ["FeedForward", "ACTIVATIONS", "gelu_sigmoid"]
+
+
+def gelu_sigmoid(x: Tensor) -> Tensor:
+    """x * sigmoid(1.702 x)."""
+    return x * torch.sigmoid(1.702 * x)
+
 
 ACTIVATIONS = {
     "gelu": F.gelu,
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_sigmoid": gelu_sigmoid,
     "relu": F.relu,
 }
 

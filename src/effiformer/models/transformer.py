@@ -5,7 +5,19 @@ configuration (``attention``; default :class:`~effiformer.attention.dense.DenseC
 every drop-in mechanism (sparse, adaptive span, LSH, routing, ...) runs in this decoder-only LM
 and in this bidirectional encoder without code of its own.
 
-Registered: ``vanilla-tiny``, ``vanilla-small``, ``vanilla-base``.
+Options for the Sparse Transformer's model (Child et al. 2019, arXiv 1904.10509, sections 5.2-5.4)
+with its attention part (:mod:`effiformer.attention.sparse`): the pre-LN block is
+``norm_first=True`` (the default); ``activation="gelu_sigmoid"`` (x * sigmoid(1.702 x));
+``positions="factorized"`` with ``position_stride`` (learned row and column embeddings of a
+(T/stride, stride) grid); ``init="sparse_transformer"`` (section 5.3: token embeddings
+N(0, 0.125/sqrt(d)), position tables N(0, 0.125/sqrt(d * n_tables)), every other weight matrix
+N(0, 0.125/sqrt(d_in)) with d_in its fan-in, read as the standard deviation; W_2 and W_p
+(``fc2``, ``o_proj``) scaled by 1/sqrt(2N); biases 0; the output-logit matrix 0, so it must be
+untied from the embedding); ``ffn_dropout=0`` (dropout only at the residual additions);
+``recompute=True`` (attention and FFN recomputed in the backward pass).
+
+Registered: ``vanilla-tiny``, ``vanilla-small``, ``vanilla-base``; the Sparse Transformer's
+``sparse-tiny``, ``sparse-small`` and ``sparse-enwik8``.
 """
 
 from __future__ import annotations
@@ -20,7 +32,8 @@ from torch import Tensor, nn
 from ..attention import AttentionConfig, AttentionDims, AttentionMask, DenseConfig, PrepareContext
 from ..attention.base import keeps_init
 from ..attention.registry import build_attention
-from ..config import ModelConfig
+from ..attention.sparse import SparseConfig
+from ..config import ConfigError, ModelConfig
 from ..layers import FeedForward, LayerStack, TransformerBlock, build_positions, prefix_keys
 from ..layers.ffn import ACTIVATIONS
 from ..recipes import VANILLA_RECIPE, register_recipe
@@ -32,25 +45,44 @@ __all__ = ["VanillaConfig", "Transformer", "build_vanilla"]
 
 @dataclass(frozen=True, kw_only=True)
 class VanillaConfig(ModelConfig):
-    """Transformer LM / encoder. ``positions``: "learned" (default, GPT-2) or "sinusoidal"
-    (Vaswani); ``norm_first``: pre-LN; ``attention``: the attention part of every layer (default
-    dense); ``recompute``: recompute each block in the backward pass (activation checkpointing)."""
+    """Transformer LM / encoder. ``positions``: "learned" (default, GPT-2), "sinusoidal"
+    (Vaswani) or "factorized" (row and column tables of width ``position_stride``);
+    ``norm_first``: pre-LN; ``attention``: the attention part of every layer (default dense);
+    ``recompute``: recompute each block in the backward pass (activation checkpointing);
+    ``init``: "gpt2" (default: N(0, 0.02), residual projections scaled by 1/sqrt(2N)) or
+    "sparse_transformer" (see the module docstring); ``ffn_dropout``: dropout inside the FFN
+    (default: ``dropout``)."""
 
     family = "vanilla"
 
     norm_first: bool = True
     positions: str = "learned"
+    position_stride: int | None = None
     activation: str = "gelu"
     tie_embeddings: bool = True
     attention: AttentionConfig = field(default_factory=DenseConfig)
     recompute: bool = False
+    init: str = "gpt2"
+    ffn_dropout: float | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._check_choice("positions", ("sinusoidal", "learned"))
+        self._check_choice("positions", ("sinusoidal", "learned", "factorized"))
         self._check_choice("activation", tuple(ACTIVATIONS))
+        self._check_choice("init", ("gpt2", "sparse_transformer"))
         if self.mem_len != 0:
             raise ValueError("mem_len must be 0 for the dense baseline (it has no memory)")
+        if self.positions == "factorized":
+            if self.position_stride is None:
+                raise ConfigError("positions='factorized' needs position_stride (the grid width)")
+            self._check_positive("position_stride")
+        if self.init == "sparse_transformer" and self.tie_embeddings:
+            raise ConfigError(
+                "init='sparse_transformer' sets the output-logit matrix to 0, so it needs "
+                "tie_embeddings=False"
+            )
+        if self.ffn_dropout is not None and not 0.0 <= self.ffn_dropout < 1.0:
+            raise ConfigError(f"ffn_dropout must be in [0, 1), got {self.ffn_dropout}")
 
 
 class Transformer(EffiModel):
@@ -81,14 +113,15 @@ class Transformer(EffiModel):
 
         self.embed = nn.Embedding(c.vocab_size, c.dim)
         self.embed_scale = math.sqrt(c.dim) if c.positions == "sinusoidal" else 1.0
-        self.pos = build_positions(c.positions, c.dim, c.seq_len)
+        self.pos = build_positions(c.positions, c.dim, c.seq_len, stride=c.position_stride)
+        ffn_dropout = c.dropout if c.ffn_dropout is None else c.ffn_dropout
         self.drop = nn.Dropout(c.dropout)
         self.blocks = LayerStack(
             [
                 TransformerBlock(
                     c.dim,
                     build_attention(c.attention, dims(i)),
-                    FeedForward(c.dim, c.ffn_dim, activation=c.activation, dropout=c.dropout),
+                    FeedForward(c.dim, c.ffn_dim, activation=c.activation, dropout=ffn_dropout),
                     norm_first=c.norm_first,
                     dropout=c.dropout,
                 )
@@ -103,6 +136,9 @@ class Transformer(EffiModel):
             self.head.weight = self.embed.weight
 
     def _init_weights(self) -> None:
+        if self.config.init == "sparse_transformer":
+            self._init_sparse_transformer()
+            return
         # With sinusoids, token embeddings have std dim^-1/2 and are scaled by sqrt(dim) in forward
         # (Vaswani et al. sec. 3.4), so tokens and the unit-amplitude sinusoids enter the first
         # block at the same scale. With learned positions both tables are N(0, 0.02), unscaled
@@ -117,6 +153,25 @@ class Transformer(EffiModel):
                 nn.init.normal_(p, std=0.02)
                 if name.endswith(("o_proj.weight", "fc2.weight")):  # GPT-2 residual scaling
                     p.data.mul_(1 / math.sqrt(2 * self.config.n_layers))
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+
+    def _init_sparse_transformer(self) -> None:
+        """Child et al. 2019, section 5.3 (see the module docstring)."""
+        c = self.config
+        residual = 1 / math.sqrt(2 * c.n_layers)
+        n_tables = getattr(self.pos, "n_tables", 1)
+        for name, p in self.named_parameters():
+            if name == "embed.weight":
+                nn.init.normal_(p, std=0.125 / math.sqrt(c.dim))
+            elif name.startswith("pos."):
+                nn.init.normal_(p, std=0.125 / math.sqrt(c.dim * n_tables))
+            elif name == "head.weight":
+                nn.init.zeros_(p)
+            elif p.dim() >= 2:
+                nn.init.normal_(p, std=0.125 / math.sqrt(p.shape[1]))
+                if name.endswith(("o_proj.weight", "fc2.weight")):
+                    p.data.mul_(residual)
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
 
@@ -214,4 +269,58 @@ register_model(
     "vanilla-base",
     VanillaConfig(dim=512, n_heads=8, n_layers=12, ffn_dim=2048, seq_len=512, dropout=0.1),
     "12 layers, d 512, 8 heads, ffn 2048 (Transformer-XL enwik8-base size)",
+)
+
+
+# The Sparse Transformer (Child et al. 2019): its block, initialisation, positions and attention.
+_SPARSE_MODEL = dict(
+    positions="factorized",
+    init="sparse_transformer",
+    activation="gelu_sigmoid",
+    tie_embeddings=False,
+    ffn_dropout=0.0,
+)
+register_model(
+    "sparse-tiny",
+    VanillaConfig(
+        dim=64,
+        n_heads=2,
+        n_layers=2,
+        seq_len=128,
+        dropout=0.0,
+        position_stride=16,
+        attention=SparseConfig(pattern="fixed", stride=16, summary=4, num_verts=2),
+        **_SPARSE_MODEL,
+    ),
+    "2 layers, d 64, fixed pattern l=16, c=4: for tests",
+)
+register_model(
+    "sparse-small",
+    VanillaConfig(
+        dim=256,
+        n_heads=4,
+        n_layers=4,
+        seq_len=256,
+        dropout=0.1,
+        position_stride=16,
+        attention=SparseConfig(pattern="fixed", stride=16, summary=4, num_verts=4),
+        **_SPARSE_MODEL,
+    ),
+    "vanilla-small's size (4 layers, d 256, 4 heads), fixed l=16 (~sqrt(256)), c=4, 4 sub-blocks",
+)
+register_model(
+    "sparse-enwik8",
+    VanillaConfig(
+        dim=512,
+        n_heads=8,
+        n_layers=30,
+        seq_len=12288,
+        dropout=0.4,
+        position_stride=128,
+        recompute=True,
+        attention=SparseConfig(pattern="fixed", stride=128, summary=32, num_verts=4),
+        **_SPARSE_MODEL,
+    ),
+    "Child et al. 2019 enwik8: 30 layers, d 512, 8 heads, fixed l=128 c=32, merged heads, "
+    "context 12,288, dropout 0.4 (95M parameters)",
 )

@@ -1,0 +1,934 @@
+"""Sparse Transformer: factorized strided and fixed self-attention.
+
+Child, Gray, Radford, Sutskever 2019, "Generating Long Sequences with Sparse Transformers",
+arXiv 1904.10509, section 4 (factorized self-attention): section 4.2 (the two-step
+factorizations A^(1), A^(2)), section 4.3 (the three ways of combining them: eq. 5
+interleaved, eq. 6 merged heads, eq. 7 heads split between the patterns), section 5.5 (the
+block-sparse kernels: strided attention computed on the transposed (n/l, l) grid). The official
+attention code is openai/sparse_attention (``attention.py``: ``get_attn_mask``,
+``strided_transpose``, ``get_blocksparse_obj`` with ``num_verts``/``vertsize``).
+
+The patterns, for query ``i`` and key ``j`` (stride ``l``, summary length ``c``):
+
+======== ===================================== ==================================================
+pattern  A^(1)                                 A^(2)
+======== ===================================== ==================================================
+strided  ``i - l < j <= i``  (the previous l)  ``(i - j) mod l == 0``, ``j <= i``
+fixed    ``j // l == i // l``, ``j <= i``      ``j mod l`` in head h's summary sub-block, ``j <= i``
+======== ===================================== ==================================================
+
+Bidirectional (``causal=False``) versions drop ``j <= i``: strided A^(1) becomes
+``|i - j| < l``. Fixed summary sub-blocks (official ``num_verts``/``vertsize``): the block of
+``l`` positions is cut into sub-blocks of ``c`` counted from its end; head ``h`` takes sub-block
+``a = h mod num_verts``, the positions ``l - (a+1) c .. l - a c - 1`` of every block
+(``num_verts=1``: every head takes the last ``c`` positions, ``l - c .. l - 1``, as the code does).
+With heads split between the patterns the a-th head on A^(2) takes sub-block ``a mod num_verts``.
+
+``combine``: ``"merged"`` (every head attends over A^(1) ∪ A^(2), eq. 6; the official "fixed"
+mode), ``"interleaved"`` (layer ``r`` uses A^(r mod 2), eq. 5, through
+:meth:`SparseConfig.for_layer`), ``"split"`` (the first ``H - H//2`` heads on A^(1), the others
+on A^(2), eq. 7), or ``"a1"`` / ``"a2"`` (one step only; what interleaving builds per layer).
+
+Deliberate choices and deviations
+---------------------------------
+- **A^(1) has l elements** (``i - l < j <= i``), the official code's ``local`` window
+  (``bandwidth = local_attn_ctx``); the paper writes ``{max(0, i-l), ..., i}`` (l + 1 elements).
+  Merged heads see the same set either way (the paper's extra key ``i - l`` is in A^(2)).
+- A query with no key in its pattern (fixed A^(2) alone, before the first summary position; a
+  row whose keys are all padding) outputs 0; the paper's model never has such rows (merged
+  heads always hold the query itself).
+- Patterns are exact at the element level: ``c`` need not be a multiple of a kernel block (the
+  official layout works in blocks of 32, so there ``c`` must be).
+- No attention-weight dropout in the tiled path (the paper applies dropout only at the residual
+  additions); ``attn_dropout > 0`` needs ``impl="dense"``.
+- fp16 activations with loss scaling (paper section 5.6) are the trainer's concern, not here.
+
+How it is computed (``impl="tiled"``, the default)
+--------------------------------------------------
+A block mask over the natural order saves nothing for A^(2): every l-th earlier position, and the
+last c positions of every block, touch every key block. So, like the paper's kernels, each step
+is arranged as *dense attention over contiguous tiles* and the steps are merged by their
+log-sum-exp (:func:`tiled_attention`):
+
+- strided A^(1): the sequence cut into tiles of ``l``; tile ``r`` against itself (causal) and
+  against tile ``r-1`` (keys ``kj > qi``; bidirectional: and tile ``r+1``, ``kj < qi``);
+- strided A^(2): the columns of the (n/l, l) grid (the sequence reshaped and transposed, paper
+  section 5.5 and ``strided_transpose``): causal attention within each column of n/l positions;
+- fixed A^(1): tile ``r`` against itself;
+- fixed A^(2), causal, c dividing l: the summary positions gathered per head (n c / l keys);
+  the queries regrouped into l/c sequences by their in-block offset (query ``r l + u c + v``
+  at row ``r c + v`` of sequence ``u``), each of which attends to the summaries with one dense
+  causal call shifted by c (exactly the pattern's pairs), plus a (l x c) tile call for the rest
+  of the previous block's summary; otherwise (bidirectional, or c not dividing l) query tiles
+  are grouped (about sqrt(n/l) groups), each group dense against the summaries it sees whole
+  and masked against its own.
+
+The calls read their rows as views of the natural (B, T, H, Dh) tensors wherever the strides
+allow, and their outputs and gradients are merged back onto such views in place. In the code
+``st`` is the stride l (ruff forbids the name ``l``).
+
+Each tile call runs a fused flash-attention kernel that also returns the row log-sum-exp
+(``aten._scaled_dot_product_flash_attention_for_cpu`` on CPU; a plain-matmul kernel elsewhere).
+The calls' outputs are merged exactly (softmax over the union of their keys); the backward pass
+hands each call's kernel the *merged* output and log-sum-exp, which makes its gradients the
+union softmax's, and sums them. Only q, k, v, the output and the log-sum-exp are kept for
+backward, so memory grows linearly in n and the work as O(n sqrt(n)) with l ~ sqrt(n).
+Nothing is compiled: FlexAttention (torch 2.13) has no backward on CPU, and the kernels are
+already fused. Layouts (tiles, masks, gather indices) are built in :meth:`SparseAttention.prepare`
+once per forward, and their padding-free parts are cached per shape.
+
+``impl="dense"`` computes the same pattern as a dense boolean mask (:func:`pattern_mask`) with
+SDPA: the O(n^2) reference the tests compare the tiled path against.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from ..config import AttentionConfig, ConfigError
+from .base import (
+    AttentionDims,
+    AttentionMask,
+    AttentionOutput,
+    PrepareContext,
+    check_attention_inputs,
+)
+from .dense import DenseAttention
+from .registry import register_attention
+
+__all__ = [
+    "PATTERNS",
+    "COMBINES",
+    "SparseConfig",
+    "SparseAttention",
+    "SparsePlan",
+    "head_roles",
+    "pattern_mask",
+    "tiled_attention",
+    "masked_attention",
+]
+
+logger = logging.getLogger(__name__)
+
+PATTERNS = ("strided", "fixed")
+COMBINES = ("merged", "interleaved", "split", "a1", "a2")
+IMPLS = ("tiled", "dense")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SparseConfig(AttentionConfig):
+    """Factorized sparse attention (Child et al. 2019).
+
+    pattern: ``"strided"`` or ``"fixed"``; stride: ``l``, the tile length (~sqrt(n));
+    summary: ``c``, the summary length of the fixed pattern; num_verts: how many distinct
+    length-``c`` summary sub-blocks the heads cycle through (fixed; ``num_verts * c <= l``);
+    combine: ``"merged"``, ``"interleaved"``, ``"split"``, ``"a1"`` or ``"a2"`` (see the module
+    docstring); impl: ``"tiled"`` (O(n sqrt n)) or ``"dense"`` (masked O(n^2) reference);
+    bias: biases on the Q, K, V, O projections.
+    """
+
+    name = "sparse"
+
+    pattern: str = "fixed"
+    stride: int = 128
+    summary: int = 32
+    num_verts: int = 1
+    combine: str = "merged"
+    impl: str = "tiled"
+    bias: bool = True
+
+    def __post_init__(self) -> None:
+        self._check_choice("pattern", PATTERNS)
+        self._check_choice("combine", COMBINES)
+        self._check_choice("impl", IMPLS)
+        for f in ("stride", "summary", "num_verts"):
+            self._check_positive(f)
+        if self.pattern == "fixed" and self.summary * self.num_verts > self.stride:
+            raise ConfigError(
+                f"attention.summary * attention.num_verts must be <= attention.stride (the "
+                f"summary sub-blocks lie inside a block), got {self.summary} * {self.num_verts} > "
+                f"{self.stride}"
+            )
+
+    def for_layer(self, layer: int, n_layers: int) -> SparseConfig:
+        """Interleaved patterns (eq. 5): layer ``r`` attends over A^(r mod 2 + 1)."""
+        if self.combine != "interleaved":
+            return self
+        return dataclasses.replace(self, combine="a1" if layer % 2 == 0 else "a2")
+
+
+# ------------------------------------------------------------------------------ the pattern
+
+
+@dataclass(frozen=True)
+class HeadRole:
+    """What one head attends over: A^(1), A^(2) (with its summary sub-block), or both."""
+
+    a1: bool
+    a2: bool
+    sub_block: int = 0
+
+
+def head_roles(config: SparseConfig, n_heads: int) -> tuple[HeadRole, ...]:
+    """Per head: which steps it attends over and its fixed-pattern summary sub-block."""
+    combine = config.combine
+    if combine == "interleaved":
+        raise ValueError("an interleaved config is resolved per layer: use config.for_layer(...)")
+    nv = config.num_verts
+    if combine == "split":
+        n1 = n_heads - n_heads // 2
+        return tuple(
+            HeadRole(True, False) if h < n1 else HeadRole(False, True, (h - n1) % nv)
+            for h in range(n_heads)
+        )
+    a1, a2 = combine in ("merged", "a1"), combine in ("merged", "a2")
+    return tuple(HeadRole(a1, a2, h % nv) for h in range(n_heads))
+
+
+def pattern_mask(config: SparseConfig, seq_len: int, n_heads: int, *, causal: bool) -> Tensor:
+    """The pattern as a dense keep-mask (H, T, T), True = query i attends key j: the elementwise
+    definitions of the module docstring, independent of the tiled layouts."""
+    t = seq_len
+    i = torch.arange(t)[:, None]
+    j = torch.arange(t)[None, :]
+    st, c = config.stride, config.summary
+    ok = (j <= i) if causal else torch.ones(t, t, dtype=torch.bool)
+    if config.pattern == "strided":
+        a1 = ((i - j) < st) & ((j - i) < st)
+        a2 = ((i - j) % st) == 0
+        a2s = [a2] * n_heads
+    else:
+        a1 = (i // st) == (j // st)
+        a2s = []
+        for role in head_roles(config, n_heads):
+            lo = st - (role.sub_block + 1) * c
+            a2s.append(((j % st) >= lo) & ((j % st) < lo + c))
+    out = []
+    for role, a2 in zip(head_roles(config, n_heads), a2s):
+        keep = torch.zeros(t, t, dtype=torch.bool)
+        if role.a1:
+            keep |= a1
+        if role.a2:
+            keep |= a2
+        out.append(keep & ok)
+    return torch.stack(out)  # (H, T, T)
+
+
+def masked_attention(
+    q: Tensor, k: Tensor, v: Tensor, keep: Tensor, dropout_p: float = 0.0
+) -> Tensor:
+    """Dense attention with a boolean keep-mask broadcastable to (B, H, Tq, Tk); q, k, v are
+    (B, H, T, Dh). Rows without any key give 0 (see the module docstring)."""
+    has = keep.any(-1, keepdim=True)  # (.., Tq, 1)
+    safe = keep | ~has  # an empty row attends everything, then is zeroed
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=safe, dropout_p=dropout_p)
+    return o.masked_fill(~has, 0.0)
+
+
+# ------------------------------------------------------------------------------ tile kernels
+
+
+_CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_CPU_FLASH_BWD = getattr(
+    torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None
+)
+
+
+def _use_cpu_flash(q: Tensor) -> bool:
+    return q.device.type == "cpu" and _CPU_FLASH is not None and _CPU_FLASH_BWD is not None
+
+
+def _kernel_forward(
+    q: Tensor, k: Tensor, v: Tensor, causal: bool, mask: Tensor | None, scale: float
+) -> tuple[Tensor, Tensor]:
+    """(B', H', Tq, Dh) x (B', H', Tk, Dh) -> out (B', H', Tq, Dh), lse (B', H', Tq).
+    ``causal``: top-left aligned (key kj <= query qi); ``mask``: additive, broadcastable."""
+    if _use_cpu_flash(q):
+        return _CPU_FLASH(q, k, v, 0.0, causal, attn_mask=mask, scale=scale)
+    s = _math_scores(q, k, causal, mask, scale)  # (B', H', Tq, Tk)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse.masked_fill(torch.isneginf(lse), 0.0)[..., None])
+    return p @ v, lse
+
+
+def _kernel_backward(
+    do: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    lse: Tensor,
+    causal: bool,
+    mask: Tensor | None,
+    scale: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of one call given the *merged* output ``o`` and log-sum-exp ``lse`` (finite)."""
+    if _use_cpu_flash(q):
+        return _CPU_FLASH_BWD(do, q, k, v, o, lse, 0.0, causal, attn_mask=mask, scale=scale)
+    s = _math_scores(q, k, causal, mask, scale)
+    p = torch.exp(s - lse[..., None])  # (B', H', Tq, Tk)
+    dv = p.transpose(-1, -2) @ do
+    dp = do @ v.transpose(-1, -2)
+    ds = p * (dp - (do * o).sum(-1, keepdim=True))
+    return (ds @ k) * scale, (ds.transpose(-1, -2) @ q) * scale, dv
+
+
+def _math_scores(q: Tensor, k: Tensor, causal: bool, mask: Tensor | None, scale: float) -> Tensor:
+    s = (q @ k.transpose(-1, -2)) * scale
+    if mask is not None:
+        s = s + mask
+    if causal:
+        tq, tk = s.shape[-2:]
+        tri = torch.ones(tq, tk, dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~tri, float("-inf"))
+    return s
+
+
+# ------------------------------------------------------------------------------ the plan
+
+# Kinds of tile call (queries x keys, each batched over the dimension named):
+#   "tile"    natural tiles q = [a, z) of length l  x  natural tiles k = [a', z')       (tiles)
+#   "col"     rows q of every column of the (n/l, l) grid  x  rows k of that column  (columns)
+#   "sum"     natural positions q = [a, z)  x  gathered summary keys k = [a', z')     (-)
+#   "usum"    rows q of u-sequence ``sub`` (the queries at in-tile offsets sub c .. sub c + c - 1,
+#             in order: query ``r l + sub c + v`` at row ``r c + v``)  x  summary keys k  (-)
+#   "sumtile" natural tiles q  x  the c summary keys of summary tiles k               (tiles)
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One dense tile call (kinds above). ``heads``: [h0, h1); ``q``/``k``: row ranges in the
+    call's spaces; ``causal``: top-left causal inside the call (key kj <= query qi); ``rel``: a
+    structural mask (see ``_structural_keep``)."""
+
+    kind: str
+    heads: tuple[int, int]
+    q: tuple[int, int]
+    k: tuple[int, int]
+    causal: bool = False
+    rel: str | None = None
+    sub: int = 0
+
+
+@dataclass(frozen=True)
+class _PreparedCall:
+    call: _Call
+    mask: Tensor | None  # additive, broadcastable to the call's (B', H', Tq, Tk)
+    empty: Tensor | None  # bool, broadcastable to (B', H', Tq): rows without any key
+
+
+@dataclass(frozen=True)
+class SparsePlan:
+    """What :meth:`SparseAttention.prepare` returns: the layout of one forward.
+
+    seq_len: T; padded_len: T rounded up to a multiple of ``stride``; causal; calls: the tile
+    calls; bases: (H,) first in-block offset of each head's summary sub-block (fixed pattern);
+    key_padding: (B | 1, padded_len) bool or None; dense_keep: the (B | 1, H, T, T) keep-mask
+    (``impl="dense"`` only)."""
+
+    seq_len: int
+    padded_len: int
+    stride: int
+    summary: int
+    n_heads: int
+    causal: bool
+    calls: tuple[_PreparedCall, ...] = ()
+    bases: tuple[int, ...] = ()
+    key_padding: Tensor | None = None
+    dense_keep: Tensor | None = None
+
+    @property
+    def n_tiles(self) -> int:
+        return self.padded_len // self.stride
+
+    def uses(self, *kinds: str) -> bool:
+        return any(pc.call.kind in kinds for pc in self.calls)
+
+
+def _head_ranges(roles: tuple[HeadRole, ...], step: str) -> list[tuple[int, int]]:
+    """Maximal runs of heads whose role includes ``step`` ("a1"/"a2"); A^(2) runs also keep
+    merged heads (A^(1) too) apart from A^(2)-only ones."""
+    runs: list[tuple[int, int]] = []
+    for h, r in enumerate(roles):
+        if not (r.a1 if step == "a1" else r.a2):
+            continue
+        if runs and runs[-1][1] == h and (step == "a1" or roles[h - 1].a1 == r.a1):
+            runs[-1] = (runs[-1][0], h + 1)
+        else:
+            runs.append((h, h + 1))
+    return runs
+
+
+def _structure(config: SparseConfig, n_heads: int, n_tiles: int, causal: bool) -> list[_Call]:
+    """The tile calls of a pattern, disjoint per (query, head) so their union is the pattern."""
+    roles = head_roles(config, n_heads)
+    nt = n_tiles
+    calls: list[_Call] = []
+    for hs in _head_ranges(roles, "a1"):
+        calls.append(_Call("tile", hs, (0, nt), (0, nt), causal=causal))
+        if config.pattern == "strided" and nt > 1:
+            calls.append(_Call("tile", hs, (1, nt), (0, nt - 1), rel="after"))
+            if not causal:
+                calls.append(_Call("tile", hs, (0, nt - 1), (1, nt), rel="before"))
+    for hs in _head_ranges(roles, "a2"):
+        merged = roles[hs[0]].a1
+        if config.pattern == "fixed":
+            calls.extend(_summary_calls(config, hs, nt, causal, merged))
+        elif causal and merged:  # j = i is in A1: column rows r' <= r - 1
+            if nt > 1:
+                calls.append(_Call("col", hs, (1, nt), (0, nt - 1), causal=True))
+        elif causal:
+            calls.append(_Call("col", hs, (0, nt), (0, nt), causal=True))
+        else:
+            calls.append(_Call("col", hs, (0, nt), (0, nt), rel="not_self" if merged else None))
+    return calls
+
+
+def _summary_calls(
+    config: SparseConfig, hs: tuple[int, int], nt: int, causal: bool, merged: bool
+) -> list[_Call]:
+    """Fixed A^(2) (summary tiles s of query tile r: s < r merged, also this tile's summary up
+    to the query alone; bidirectional s != r merged, every s alone).
+
+    Causal with c | l: the queries regrouped as l/c sequences (query ``r l + u c + v`` at row
+    ``r c + v`` of sequence u) each meet the n c / l summary keys (key ``s c + w``) in one dense
+    top-left causal call shifted by c (keeps s < r - 1, and s = r - 1 with w <= v), plus a tile
+    call for the rest of summary tile r - 1 (w > v). Otherwise query tiles are grouped ~sqrt(nt) at a time, each
+    group dense against the summaries it fully sees and masked against its own."""
+    st, c = config.stride, config.summary
+    n = nt * c
+    if not causal and not merged:  # every query sees every summary position
+        return [_Call("sum", hs, (0, nt * st), (0, n))]
+    if causal and st % c == 0:
+        calls = []
+        if nt > 1:
+            for sub in range(st // c):
+                calls.append(_Call("usum", hs, (c, n), (0, n - c), causal=True, sub=sub))
+            calls.append(_Call("sumtile", hs, (1, nt), (0, nt - 1), rel="sum_prev"))
+        if not merged:
+            calls.append(_Call("sumtile", hs, (0, nt), (0, nt), rel="sum_own"))
+        return calls
+    n_groups = math.ceil(math.sqrt(nt))
+    m = math.ceil(nt / n_groups)
+    calls = []
+    for t0 in range(0, nt, m):
+        t1 = min(nt, t0 + m)
+        qs = (t0 * st, t1 * st)
+        if t0 > 0:
+            calls.append(_Call("sum", hs, qs, (0, t0 * c)))
+        if not causal and t1 < nt:
+            calls.append(_Call("sum", hs, qs, (t1 * c, n)))
+        rel = ("sum_strict" if merged else "sum_causal") if causal else "sum_other"
+        calls.append(_Call("sum", hs, qs, (t0 * c, t1 * c), rel=rel))
+    return calls
+
+
+def _call_dims(call: _Call, st: int, c: int) -> tuple[int, int]:
+    """(Tq, Tk) of one call."""
+    if call.kind == "tile":
+        return st, st
+    if call.kind == "sumtile":
+        return st, c
+    return call.q[1] - call.q[0], call.k[1] - call.k[0]
+
+
+def _structural_keep(
+    call: _Call, st: int, c: int, bases: Tensor, device: torch.device
+) -> Tensor | None:
+    """The call's structural keep-mask, broadcastable to (B', H', Tq, Tk), or None."""
+    rel = call.rel
+    if rel is None:
+        return None
+    tq, tk = _call_dims(call, st, c)
+    qi = torch.arange(tq, device=device)[:, None]
+    kj = torch.arange(tk, device=device)[None, :]
+    if rel in ("after", "before", "not_self"):
+        keep = {"after": kj > qi, "before": kj < qi, "not_self": kj != qi}[rel]
+        return keep[None, None]  # (1, 1, Tq, Tk)
+    h0, h1 = call.heads
+    if rel == "sum_prev":  # summary tile r - 1 minus what the u-call took (w <= v)
+        return (kj > qi % c)[None, None]
+    if rel == "sum_own":  # this tile's own summary positions up to the query (per head)
+        return (bases[h0:h1, None, None] + kj[None] <= qi[None])[None]  # (1, H', st, c)
+    qpos = torch.arange(*call.q, device=device)  # (Tq,)
+    kidx = torch.arange(*call.k, device=device)  # (Tk,)
+    r = (qpos // st)[:, None]  # query tile
+    s = (kidx // c)[None, :]  # key tile
+    if rel == "sum_strict":
+        return (s < r)[None, None]
+    if rel == "sum_other":
+        return (s != r)[None, None]
+    # "sum_causal": earlier tiles, and this tile's summary positions up to the query (per head)
+    kpos = (kidx // c) * st + (kidx % c)  # (Tk,) position minus the head's base
+    kpos = kpos[None, None, :] + bases[h0:h1, None, None]  # (H', 1, Tk)
+    causal = kpos <= qpos[None, :, None]  # (H', Tq, Tk)
+    return ((s < r)[None] | ((s == r)[None] & causal))[None]  # (1, H', Tq, Tk)
+
+
+def _prepare_call(
+    call: _Call, keep: Tensor | None, dims: tuple[int, int], dtype: torch.dtype
+) -> _PreparedCall:
+    """The additive mask and the rows without keys of a call from its keep-mask. Causal calls
+    carry only key padding (B', 1 | H', 1, Tk); the kernel applies the triangle."""
+    if keep is None:
+        return _PreparedCall(call, None, None)
+    mask = torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(
+        ~keep, float("-inf")
+    )
+    if call.causal:  # row qi sees keys 0..qi: empty when none of them is real
+        tq, tk = dims
+        seen = keep[..., 0, :].to(torch.uint8).cummax(-1).values.to(torch.bool)  # (B', ., Tk)
+        idx = torch.arange(tq, device=keep.device).clamp(max=tk - 1)
+        empty = ~seen[..., idx]  # (B', ., Tq)
+    else:
+        empty = ~keep.any(-1)
+    return _PreparedCall(call, mask, empty if bool(empty.any()) else None)
+
+
+@functools.lru_cache(maxsize=64)
+def _structural_plan(
+    config: SparseConfig,
+    n_heads: int,
+    padded_len: int,
+    causal: bool,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> tuple[tuple[_PreparedCall, ...], tuple[int, ...]]:
+    """The padding-free plan of a shape (cached: built once per shape, reused every forward)."""
+    st, c = config.stride, config.summary
+    roles = head_roles(config, n_heads)
+    bases = tuple(st - (r.sub_block + 1) * c for r in roles)
+    base_t = torch.tensor(bases, device=device)
+    out = []
+    for call in _structure(config, n_heads, padded_len // st, causal):
+        keep = _structural_keep(call, st, c, base_t, device)
+        out.append(_prepare_call(call, keep, _call_dims(call, st, c), dtype))
+    return tuple(out), bases
+
+
+def _padding_keep(call: _Call, kp: Tensor, ks: Tensor | None, st: int, c: int) -> Tensor:
+    """Key padding of a call's keys as a keep-mask (B', 1 | H', 1, Tk). kp: (B, Tp) bool;
+    ks: (B, nt*c, H) bool, the padding of the gathered summary keys."""
+    b = kp.shape[0]
+    nt = kp.shape[1] // st
+    (k0, k1), (h0, h1) = call.k, call.heads
+    if call.kind == "tile":
+        return kp.view(b, nt, st)[:, k0:k1].reshape(b * (k1 - k0), 1, 1, st)
+    if call.kind == "col":
+        cols = kp.view(b, nt, st).transpose(1, 2)[:, :, k0:k1]  # (B, l, n)
+        return cols.reshape(b * st, 1, 1, k1 - k0)
+    assert ks is not None
+    if call.kind == "sumtile":
+        t = ks.view(b, nt, c, -1)[:, k0:k1, :, h0:h1].reshape(b * (k1 - k0), c, h1 - h0)
+        return t.permute(0, 2, 1)[:, :, None, :]  # (B n, H', 1, c)
+    return ks[:, k0:k1, h0:h1].permute(0, 2, 1)[:, :, None, :]  # (B, H', 1, Tk)
+
+
+def _summary_index(bases: tuple[int, ...], c: int, device: torch.device) -> Tensor:
+    """(1, 1, c, H, 1) in-block offsets of each head's summary positions."""
+    base = torch.tensor(bases, device=device)
+    return (base[None, :] + torch.arange(c, device=device)[:, None])[None, None, :, :, None]
+
+
+def build_plan(
+    config: SparseConfig,
+    n_heads: int,
+    seq_len: int,
+    *,
+    causal: bool,
+    key_padding: Tensor | None = None,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> SparsePlan:
+    """The plan of one forward over ``seq_len`` tokens (``key_padding``: (B, T), True = real)."""
+    device = torch.device(device)
+    if config.combine == "interleaved":
+        raise ValueError("an interleaved config is resolved per layer: use config.for_layer(...)")
+    if config.combine == "split" and n_heads < 2:
+        raise ConfigError(f"attention.combine='split' needs n_heads >= 2, got {n_heads}")
+    st, c = config.stride, config.summary
+    tp = -(-seq_len // st) * st
+    if config.impl == "dense":
+        keep = pattern_mask(config, seq_len, n_heads, causal=causal).to(device)[None]
+        if key_padding is not None:
+            keep = keep & key_padding[:, None, None, :].to(device=device, dtype=torch.bool)
+        return SparsePlan(seq_len, seq_len, st, c, n_heads, causal, dense_keep=keep)
+    calls, bases = _structural_plan(config, n_heads, tp, causal, device, dtype)
+    kp = None
+    if key_padding is not None or (tp > seq_len and not causal):
+        # Causal: the tail padding sits after every real query, so no real query sees it.
+        b = key_padding.shape[0] if key_padding is not None else 1
+        kp = torch.ones(b, tp, dtype=torch.bool, device=device)
+        kp[:, seq_len:] = False
+        if key_padding is not None:
+            kp[:, :seq_len] = key_padding.to(device=device, dtype=torch.bool)
+        ks = None
+        if config.pattern == "fixed":
+            idx = _summary_index(bases, c, device)[..., 0]  # (1, 1, c, H)
+            grid = kp.view(b, tp // st, st, 1).expand(-1, -1, -1, n_heads)
+            ks = torch.gather(grid, 2, idx.expand(b, tp // st, -1, -1))
+            ks = ks.reshape(b, (tp // st) * c, n_heads)  # (B, nt*c, H)
+        base_t = torch.tensor(bases, device=device)
+        padded = []
+        for pc in calls:
+            keep = _padding_keep(pc.call, kp, ks, st, c)
+            struct = _structural_keep(pc.call, st, c, base_t, device)
+            if struct is not None:
+                keep = keep & struct
+            padded.append(_prepare_call(pc.call, keep, _call_dims(pc.call, st, c), dtype))
+        calls = tuple(padded)
+    return SparsePlan(seq_len, tp, st, c, n_heads, causal, calls, bases, key_padding=kp)
+
+
+# ------------------------------------------------------------------------------ the engine
+
+
+class _Layouts:
+    """How a call's rows sit in the natural (B, Tp, H, ...) tensors (q, k, v, the output, the
+    log-sum-exp, the gradients) and in the gathered summaries (B, nt c, H, ...).
+
+    ``q_view`` / ``k_view`` give the call's rows as a *view* (no copy) shaped
+    (B, *rows, H', ...): tiles (B, n, l, ...), columns of the (nt, l) grid (B, l, n, ...), plain
+    rows (B, n, ...), the rows of one u-sequence (B, n, c, ...) (``n`` counting tiles), summary
+    tiles (B, n, c, ...). The kernel reads them as (B', H', T, ...) (``to_kernel``: a view where
+    the strides allow, else a copy of the call's rows) and its results come back onto the same
+    views (``from_kernel``): outputs are merged and gradients added in place, so no layout but
+    the (n c / l)-long summaries is ever materialised whole."""
+
+    def __init__(self, plan: SparsePlan, q: Tensor) -> None:
+        self.b, self.tp, self.h, self.dh = q.shape
+        self.st, self.c, self.nt = plan.stride, plan.summary, plan.n_tiles
+        self.u = self.st // self.c
+        self.bases = plan.bases
+        self._idx: Tensor | None = None
+
+    # ---- the summaries --------------------------------------------------------------------
+
+    def index(self, device: torch.device) -> Tensor:
+        if self._idx is None:
+            idx = _summary_index(self.bases, self.c, device)
+            self._idx = idx.expand(self.b, self.nt, self.c, self.h, self.dh)
+        return self._idx
+
+    def to_sum(self, x: Tensor) -> Tensor:
+        """Gather each head's summary positions: (B, Tp, H, Dh) -> (B, nt c, H, Dh)."""
+        x = x.view(self.b, self.nt, self.st, self.h, self.dh)
+        return torch.gather(x, 2, self.index(x.device)).view(self.b, -1, self.h, self.dh)
+
+    def add_from_sum(self, acc: Tensor, g: Tensor) -> None:
+        """acc (B, Tp, H, Dh) += the summary gradient g (B, nt c, H, Dh) at its positions."""
+        view = acc.view(self.b, self.nt, self.st, self.h, self.dh)
+        view.scatter_add_(2, self.index(g.device), g.view(self.b, self.nt, self.c, self.h, -1))
+
+    # ---- rows ------------------------------------------------------------------------------
+
+    def q_view(self, call: _Call, x: Tensor) -> Tensor:
+        """The call's query rows of natural x (B, Tp, H, ...)."""
+        (a, z), (h0, h1), rest = call.q, call.heads, x.shape[3:]
+        kind = call.kind
+        if kind in ("tile", "sumtile"):
+            return x.view(self.b, self.nt, self.st, self.h, *rest)[:, a:z, :, h0:h1]
+        if kind == "col":
+            grid = x.view(self.b, self.nt, self.st, self.h, *rest).transpose(1, 2)
+            return grid[:, :, a:z, h0:h1]
+        if kind == "usum":  # rows [a, z) of u-sequence ``sub``: whole tiles (a, z multiples of c)
+            grid = x.view(self.b, self.nt, self.u, self.c, self.h, *rest)
+            return grid[:, a // self.c : z // self.c, call.sub, :, h0:h1]
+        return x[:, a:z, h0:h1]
+
+    def k_view(self, call: _Call, x: Tensor) -> Tensor:
+        """The call's key rows of x: natural (tile, col) or summary (sum, usum, sumtile)."""
+        (a, z), (h0, h1), rest = call.k, call.heads, x.shape[3:]
+        if call.kind == "tile":
+            return x.view(self.b, self.nt, self.st, self.h, *rest)[:, a:z, :, h0:h1]
+        if call.kind == "col":
+            grid = x.view(self.b, self.nt, self.st, self.h, *rest).transpose(1, 2)
+            return grid[:, :, a:z, h0:h1]
+        if call.kind == "sumtile":
+            return x.view(self.b, self.nt, self.c, self.h, *rest)[:, a:z, :, h0:h1]
+        return x[:, a:z, h0:h1]
+
+    @staticmethod
+    def dims(call: _Call, side: str) -> tuple[int, int]:
+        """(batch, rows) of a rows view: how many leading dims (B included) form the kernel's
+        batch B', and how many after them form its sequence T."""
+        if call.kind == "sum":
+            return 1, 1
+        if call.kind == "usum":
+            return (1, 2) if side == "q" else (1, 1)
+        return 2, 1
+
+    @staticmethod
+    def to_kernel(view: Tensor, dims: tuple[int, int]) -> Tensor:
+        """A rows view (B, *rows, H', ...) as the kernel's (B', H', T, ...)."""
+        nb, nr = dims
+        bp, t = math.prod(view.shape[:nb]), math.prod(view.shape[nb : nb + nr])
+        return view.reshape(bp, t, *view.shape[nb + nr :]).transpose(1, 2)
+
+    @staticmethod
+    def from_kernel(t: Tensor, view: Tensor) -> Tensor:
+        """The kernel's (B', H', T, ...) result shaped like the rows view it belongs to."""
+        return t.transpose(1, 2).reshape(view.shape)
+
+
+def _fit(t: Tensor | None, batch: int, dtype: torch.dtype | None = None) -> Tensor | None:
+    """A prepared mask made for one sequence (tail padding only: its leading dim counts the
+    tiles or columns of one sequence) repeated for a batch of ``batch`` calls."""
+    if t is None:
+        return None
+    if dtype is not None and t.dtype != dtype:
+        t = t.to(dtype)
+    if t.shape[0] in (1, batch):
+        return t
+    return t.repeat(batch // t.shape[0], *([1] * (t.dim() - 1)))
+
+
+def _operands(
+    lay: _Layouts,
+    call: _Call,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    ks: Tensor | None,
+    vs: Tensor | None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The call's (B', H', T, Dh) query, key and value operands."""
+    qk = lay.to_kernel(lay.q_view(call, q), lay.dims(call, "q"))
+    if call.kind not in ("tile", "col"):
+        assert ks is not None and vs is not None
+        k, v = ks, vs
+    d = lay.dims(call, "k")
+    return qk, lay.to_kernel(lay.k_view(call, k), d), lay.to_kernel(lay.k_view(call, v), d)
+
+
+def _covers_all(call: _Call, side: str, lay: _Layouts) -> bool:
+    """Whether a tile call's rows on ``side`` are every row and head of the natural tensors
+    (then the kernel's result, laid out (B, Tp, H, ...) already, *is* the accumulator)."""
+    return call.kind == "tile" and getattr(call, side) == (0, lay.nt) and call.heads == (0, lay.h)
+
+
+def _run_forward(plan: SparsePlan, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """Merged output (B, Tp, H, Dh) and log-sum-exp (B, Tp, H) of every call: each call's
+    result is folded into the accumulators' rows in place (online softmax merge)."""
+    lay = _Layouts(plan, q)
+    scale = q.shape[-1] ** -0.5
+    sums = plan.uses("sum", "usum", "sumtile")
+    ks, vs = (lay.to_sum(k), lay.to_sum(v)) if sums else (None, None)
+    out: Tensor | None = None
+    lse: Tensor | None = None
+    for pc in plan.calls:
+        call = pc.call
+        qc, kc, vc = _operands(lay, call, q, k, v, ks, vs)
+        o, m = _kernel_forward(qc, kc, vc, call.causal, _fit(pc.mask, qc.shape[0], q.dtype), scale)
+        if pc.empty is not None:
+            m = m.masked_fill(_fit(pc.empty, qc.shape[0]), float("-inf"))
+        if out is None and _covers_all(call, "q", lay):  # the first call fills everything
+            out = o.transpose(1, 2).reshape(q.shape)
+            lse = m.transpose(1, 2).reshape(q.shape[:3])
+            continue
+        if out is None or lse is None:
+            out = torch.zeros_like(q)
+            lse = torch.full(q.shape[:3], float("-inf"), dtype=q.dtype, device=q.device)
+        acc_o, acc_m = lay.q_view(call, out), lay.q_view(call, lse)
+        o, m = lay.from_kernel(o, acc_o), lay.from_kernel(m, acc_m)
+        new = torch.logaddexp(acc_m, m)
+        ref = new.masked_fill(torch.isneginf(new), 0.0)
+        acc_o.mul_(torch.exp(acc_m - ref)[..., None]).add_(o.mul_(torch.exp(m - ref)[..., None]))
+        acc_m.copy_(new)
+    if out is None or lse is None:  # no call at all (cannot happen for a valid plan)
+        out = torch.zeros_like(q)
+        lse = torch.full(q.shape[:3], float("-inf"), dtype=q.dtype, device=q.device)
+    return out, lse
+
+
+def _run_backward(
+    plan: SparsePlan, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv (B, Tp, H, Dh): each call's kernel gets the merged output and log-sum-exp,
+    which makes its gradients those of the softmax over the union of the calls' keys."""
+    lay = _Layouts(plan, q)
+    scale = q.shape[-1] ** -0.5
+    lse = lse.masked_fill(torch.isneginf(lse), 0.0)  # rows without keys: P = 0 everywhere
+    sums = plan.uses("sum", "usum", "sumtile")
+    ks, vs = (lay.to_sum(k), lay.to_sum(v)) if sums else (None, None)
+    acc: dict[str, Tensor] = {}  # "q", "k", "v" natural; "ks", "vs" summary
+
+    def add(name: str, like: Tensor, call: _Call, side: str, g: Tensor) -> None:
+        """acc[name] += the call's gradient g at its ``side`` rows."""
+        if name not in acc and _covers_all(
+            call, side, lay
+        ):  # the kernel's (B', H', T, Dh) is (B, Tp, H, Dh) already
+            acc[name] = g.transpose(1, 2).reshape(like.shape)
+            return
+        if name not in acc:
+            acc[name] = torch.zeros_like(like)
+        view = (lay.q_view if side == "q" else lay.k_view)(call, acc[name])
+        view += lay.from_kernel(g, view)
+
+    for pc in plan.calls:
+        call = pc.call
+        qc, kc, vc = _operands(lay, call, q, k, v, ks, vs)
+        gr = lay.dims(call, "q")
+        do_c = lay.to_kernel(lay.q_view(call, dout), gr)
+        o_c = lay.to_kernel(lay.q_view(call, out), gr)
+        m_c = lay.to_kernel(lay.q_view(call, lse), gr).contiguous()
+        mask = _fit(pc.mask, qc.shape[0], q.dtype)
+        gq, gk, gv = _kernel_backward(do_c, qc, kc, vc, o_c, m_c, call.causal, mask, scale)
+        add("q", q, call, "q", gq)
+        natural_keys = call.kind in ("tile", "col")
+        for name, g in (("k", gk), ("v", gv)):
+            like = (k if natural_keys else ks) if name == "k" else (v if natural_keys else vs)
+            key = name if natural_keys else name + "s"
+            add(key, like, call, "k", g)
+    dq, dk, dv = (acc.get(n) for n in "qkv")
+    dq = torch.zeros_like(q) if dq is None else dq
+    dk = torch.zeros_like(k) if dk is None else dk
+    dv = torch.zeros_like(v) if dv is None else dv
+    if "ks" in acc:
+        lay.add_from_sum(dk, acc["ks"])
+    if "vs" in acc:
+        lay.add_from_sum(dv, acc["vs"])
+    return dq, dk, dv
+
+
+class _TiledAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, plan):
+        out, lse = _run_forward(plan, q, k, v)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.plan = plan
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _run_backward(ctx.plan, q, k, v, out, lse, dout.contiguous())
+        return dq, dk, dv, None
+
+
+def tiled_attention(q: Tensor, k: Tensor, v: Tensor, plan: SparsePlan) -> Tensor:
+    """Sparse attention of ``plan`` over q, k, v (B, T, H, Dh) -> (B, T, H, Dh), computed tile by
+    tile and merged by log-sum-exp (see the module docstring); differentiable."""
+    b, t, h, dh = q.shape
+    if t != plan.seq_len or h != plan.n_heads:
+        raise ValueError(
+            f"q has T={t}, H={h} but the plan was prepared for T={plan.seq_len}, H={plan.n_heads}"
+        )
+    if plan.key_padding is not None and plan.key_padding.shape[0] not in (1, b):
+        raise ValueError(
+            f"the plan's key padding has batch {plan.key_padding.shape[0]}, q has batch {b}"
+        )
+    pad = plan.padded_len - t
+    if pad:
+        q, k, v = (F.pad(x, (0, 0, 0, 0, 0, pad)) for x in (q, k, v))  # (B, Tp, H, Dh)
+    else:
+        q, k, v = (x.contiguous() for x in (q, k, v))
+    out = _TiledAttention.apply(q, k, v, plan)
+    return out[:, :t] if pad else out
+
+
+# ------------------------------------------------------------------------------ the part
+
+
+class SparseAttention(DenseAttention):
+    """Factorized sparse self-attention (see the module docstring) with dense Q, K, V, O
+    projections. forward(x (B, T, D), *, mask) -> AttentionOutput(out (B, T, D)); ``kv`` and
+    ``state`` must be ``None`` (the pattern is over one sequence; no decoding cache)."""
+
+    config: SparseConfig
+
+    @classmethod
+    def from_config(cls, config: SparseConfig, dims: AttentionDims) -> SparseAttention:
+        if config.impl == "tiled" and dims.dropout > 0:
+            raise ConfigError(
+                "attention.impl='tiled' has no attention-weight dropout (the paper applies "
+                f"dropout only at the residual additions); got attn_dropout={dims.dropout}: set "
+                "it to 0 or use attention.impl=dense"
+            )
+        if config.combine == "split" and dims.n_heads < 2:
+            raise ConfigError(f"attention.combine='split' needs n_heads >= 2, got {dims.n_heads}")
+        m = cls(dims.dim, dims.n_heads, dims.head_dim, dropout=dims.dropout, bias=config.bias)
+        m.config, m.dims = config, dims
+        return m
+
+    def prepare(self, ctx: PrepareContext, shared: None) -> SparsePlan:
+        if ctx.tq != ctx.tk or ctx.q_positions is not None or ctx.k_positions is not None:
+            raise ValueError(
+                "sparse attention is self-attention over one sequence (Tq == Tk, default "
+                f"positions); got Tq={ctx.tq}, Tk={ctx.tk} (a memory or cross-attention?)"
+            )
+        return build_plan(
+            self.config,
+            self.dims.n_heads,
+            ctx.tq,
+            causal=ctx.mask.causal,
+            key_padding=ctx.mask.key_padding,
+            device=ctx.device,
+            dtype=ctx.dtype,
+        )
+
+    @classmethod
+    def example_config(cls, config: SparseConfig, seq_len: int) -> SparseConfig:
+        st = max(2, math.isqrt(seq_len))
+        return dataclasses.replace(config, stride=st, summary=max(1, st // 4), num_verts=2)
+
+    @classmethod
+    def degenerate_config(cls, config: SparseConfig, seq_len: int) -> SparseConfig:
+        # One block covers the sequence: A1 alone is dense (causal or not) and A2 adds nothing.
+        return dataclasses.replace(config, stride=max(config.stride, seq_len), combine="merged")
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        kv: Tensor | None = None,
+        mask: AttentionMask | None = None,
+        state: None = None,
+        positions: SparsePlan | None = None,
+    ) -> AttentionOutput:
+        if kv is not None:
+            raise ValueError("sparse attention is self-attention: pass kv=None")
+        if state is not None:
+            raise ValueError("sparse attention keeps no decoding state: pass state=None")
+        check_attention_inputs(x, None, self.dim, mask)
+        b, t, _ = x.shape
+        mask = mask if mask is not None else AttentionMask()
+        plan = positions
+        if plan is None:
+            ctx = PrepareContext(tq=t, tk=t, mask=mask, device=x.device, dtype=x.dtype)
+            plan = self.prepare(ctx, None)
+        if not isinstance(plan, SparsePlan):
+            raise ValueError(f"positions must be a SparsePlan, got {type(plan).__name__}")
+        if plan.causal != mask.causal or plan.seq_len != t:
+            raise ValueError(
+                f"the plan was prepared for T={plan.seq_len}, causal={plan.causal}; got T={t}, "
+                f"causal={mask.causal}"
+            )
+        h, dh = self.n_heads, self.head_dim
+        q, k, v = (p(x).view(b, t, h, dh) for p in (self.q_proj, self.k_proj, self.v_proj))
+        if plan.dense_keep is not None:
+            p = self.dropout if self.training else 0.0
+            keep = plan.dense_keep.to(x.device)
+            o = masked_attention(*(z.transpose(1, 2) for z in (q, k, v)), keep, p)
+            o = o.transpose(1, 2)  # (B, T, H, Dh)
+        else:
+            o = tiled_attention(q, k, v, plan)  # (B, T, H, Dh)
+        return AttentionOutput(out=self.o_proj(o.reshape(b, t, h * dh)))
+
+
+register_attention(
+    "sparse",
+    SparseConfig,
+    SparseAttention,
+    description="factorized strided/fixed attention, O(n sqrt n) tiles (Child et al. 2019)",
+)
