@@ -31,7 +31,10 @@ __all__ = ["VanillaConfig", "Transformer", "build_vanilla"]
 class VanillaConfig(ModelConfig):
     """Transformer LM / encoder. ``positions``: "learned" (default, GPT-2) or "sinusoidal"
     (Vaswani); ``norm_first``: pre-LN; ``attention``: the attention part of every layer (default
-    dense); ``recompute``: recompute each block in the backward pass (activation checkpointing)."""
+    dense); ``recompute``: recompute each block in the backward pass (activation checkpointing);
+    ``embed_dim``: factorised token embeddings of this width (``None``: ``dim``), projected up to
+    ``dim`` after the lookup and back down before the (tied) output layer, as the Routing
+    Transformer's WikiText-103 model (``embedding_dims`` 256 under ``hidden_size`` 1024)."""
 
     family = "vanilla"
 
@@ -41,9 +44,12 @@ class VanillaConfig(ModelConfig):
     tie_embeddings: bool = True
     attention: AttentionConfig = field(default_factory=DenseConfig)
     recompute: bool = False
+    embed_dim: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.embed_dim is not None:
+            self._check_positive("embed_dim")
         self._check_choice("positions", ("sinusoidal", "learned"))
         self._check_choice("activation", tuple(ACTIVATIONS))
         if self.mem_len != 0:
@@ -76,8 +82,12 @@ class Transformer(EffiModel):
                 max_len=c.seq_len,
             )
 
-        self.embed = nn.Embedding(c.vocab_size, c.dim)
-        self.embed_scale = math.sqrt(c.dim) if c.positions == "sinusoidal" else 1.0
+        e = c.dim if c.embed_dim is None else c.embed_dim
+        self.embed = nn.Embedding(c.vocab_size, e)
+        self.embed_scale = math.sqrt(e) if c.positions == "sinusoidal" else 1.0
+        # Factorised embeddings (embed_dim != dim): E -> D after the lookup, D -> E before the head.
+        self.embed_proj = nn.Linear(e, c.dim) if e != c.dim else nn.Identity()
+        self.head_proj = nn.Linear(c.dim, e) if e != c.dim else nn.Identity()
         self.pos = build_positions(c.positions, c.dim, c.seq_len)
         self.drop = nn.Dropout(c.dropout)
         self.blocks = LayerStack(
@@ -94,20 +104,20 @@ class Transformer(EffiModel):
             recompute=c.recompute,
         )
         self.final_norm = nn.LayerNorm(c.dim) if c.norm_first else nn.Identity()
-        self.head = nn.Linear(c.dim, c.vocab_size, bias=False)
+        self.head = nn.Linear(e, c.vocab_size, bias=False)
         self._init_weights()
         if c.tie_embeddings:
             self.head.weight = self.embed.weight
 
     def _init_weights(self) -> None:
-        # With sinusoids, token embeddings have std dim^-1/2 and are scaled by sqrt(dim) in forward
+        # With sinusoids, token embeddings have std width^-1/2 and are scaled by sqrt(width) in forward
         # (Vaswani et al. sec. 3.4), so tokens and the unit-amplitude sinusoids enter the first
         # block at the same scale. With learned positions both tables are N(0, 0.02), unscaled
         # (GPT-2).
         sinusoidal = self.config.positions == "sinusoidal"
         for name, p in self.named_parameters():
             if name == "embed.weight" and sinusoidal:
-                nn.init.normal_(p, std=self.config.dim**-0.5)
+                nn.init.normal_(p, std=p.shape[1] ** -0.5)
             elif p.dim() >= 2:
                 nn.init.normal_(p, std=0.02)
                 if name.endswith(("o_proj.weight", "fc2.weight")):  # GPT-2 residual scaling
@@ -131,7 +141,7 @@ class Transformer(EffiModel):
         the output head (what a sequence classifier on this encoder needs)."""
         self.check_input_ids(input_ids)
         mask = self._mask(input_ids, attention_mask)
-        x = self.embed(input_ids) * self.embed_scale  # (B, T, D)
+        x = self.embed_proj(self.embed(input_ids) * self.embed_scale)  # (B, T, D)
         x = self.drop(self.pos(x))
         t = input_ids.shape[1]
         ctx = PrepareContext(
@@ -155,7 +165,7 @@ class Transformer(EffiModel):
         if state is not None:
             raise ValueError(f"{type(self).__name__} is stateless; pass state=None")
         out = self.encode(input_ids, attention_mask=attention_mask)
-        out.logits = self.head(out.hidden)  # (B, T, V)
+        out.logits = self.head(self.head_proj(out.hidden))  # (B, T, V)
         if targets is not None:
             self.check_targets(targets, input_ids)
             out.loss = lm_loss(out.logits, targets)
