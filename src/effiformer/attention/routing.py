@@ -242,11 +242,17 @@ def kmeans_statistics(
     if scores is None:
         scores = torch.einsum("bhtd,hkd->bhkt", x, centroids.to(x.dtype))
     assign = scores.argmax(dim=2)  # (B, H, T)
-    onehot = F.one_hot(assign, centroids.shape[1]).to(torch.float32)  # (B, H, T, K)
+    b, h, t = assign.shape
+    k, dh = centroids.shape[1], x.shape[-1]
+    # Bins h * K + c per token, then index_add: O(T Dh), no (T, K) one-hot.
+    bins = (assign + k * torch.arange(h, device=x.device)[None, :, None]).reshape(-1)
+    w = torch.ones(b, h, t, device=x.device) if weight is None else weight[:, None, :].float()
+    w = w.expand(b, h, t).reshape(-1)  # (B*H*T,)
+    counts = torch.zeros(h * k, device=x.device).index_add_(0, bins, w).view(h, k)
+    src = x.float().reshape(-1, dh)
     if weight is not None:
-        onehot = onehot * weight[:, None, :, None].to(torch.float32)
-    counts = onehot.sum(dim=(0, 2))  # (H, K)
-    sums = torch.einsum("bhtk,bhtd->hkd", onehot, x.to(torch.float32))  # (H, K, Dh)
+        src = src * w[:, None]
+    sums = torch.zeros(h * k, dh, device=x.device).index_add_(0, bins, src).view(h, k, dh)
     return counts, sums, assign
 
 
@@ -299,10 +305,10 @@ def routed_attention(
     """
     b, h, t, dh = v.shape
     kk, w = q_idx.shape[2], q_idx.shape[3]
-    qg = _gather(q, q_idx).view(b * h, kk, w, dh)  # (B*H, K, w, Dh)
-    kg = _gather(k, k_idx).view(b * h, kk, w, dh)
-    vg = _gather(v, k_idx).view(b * h, kk, w, dh)
     shared = q_idx is k_idx or torch.equal(q_idx, k_idx)
+    qg = _gather(q, q_idx).view(b * h, kk, w, dh)  # (B*H, K, w, Dh)
+    kg = qg if (shared and k is q) else _gather(k, k_idx).view(b * h, kk, w, dh)
+    vg = _gather(v, k_idx).view(b * h, kk, w, dh)
     keep = None
     has_key = None
     if causal and shared and real is None:
@@ -509,24 +515,22 @@ class RoutingAttention(AttentionPart):
         outs: list[Tensor] = []
         aux: dict[str, Tensor] = {}
         updates: dict[str, Tensor] = {}
+        hl = self.n_local
+        # split, not slicing: the backward concatenates instead of zero-filling once per slice
+        q_r, q_l = q.split([hr, hl], dim=2)  # (B, T, H_r, Dh), (B, T, H_l, Dh)
+        v_r, v_l = v.split([hr, hl], dim=2)
+        k_r, k_l = None, k  # shared QK: k holds the local heads' keys only
+        if k is not None and not self.share_qk:
+            k_r, k_l = k.split([hr, hl], dim=2)
         if hr:
-            qr = q[:, :, :hr].transpose(1, 2)  # (B, H_r, T, Dh)
-            kr = None if self.share_qk else k[:, :, :hr].transpose(1, 2)
+            kr = None if k_r is None else k_r.transpose(1, 2)  # (B, H_r, T, Dh)
             o, aux, updates = self._routing(
-                qr, kr, v[:, :, :hr].transpose(1, 2), real, positions, p
-            )
+                q_r.transpose(1, 2), kr, v_r.transpose(1, 2), real, positions, p
+            )  # (B, H_r, T, Dh)
             outs.append(o.transpose(1, 2))  # (B, T, H_r, Dh)
-        if self.n_local:
-            hl = self.n_local
-            o = local_attention(
-                q[:, :, hr:].contiguous(),
-                k[:, :, k.shape[2] - hl :].contiguous(),
-                v[:, :, hr:].contiguous(),
-                positions.local,
-                key_padding=real,
-                dropout_p=p,
-            )  # (B, T, H_l, Dh)
-            outs.append(o)
+        if hl:
+            o = local_attention(q_l, k_l, v_l, positions.local, key_padding=real, dropout_p=p)
+            outs.append(o)  # (B, T, H_l, Dh)
         o = torch.cat(outs, dim=2).reshape(b, t, h * dh)
         return AttentionOutput(out=self.o_proj(o), aux=aux, updates=updates)
 
@@ -573,10 +577,9 @@ class RoutingAttention(AttentionPart):
         target = (
             mu.detach()[None].expand(b, h, -1, dh).gather(2, assign[..., None].expand(b, h, t, dh))
         )  # (B, H, T, Dh)
-        sq = (x - target).pow(2)
         if weight is None:
-            return sq.mean()
-        sq = sq * weight[:, None, :, None]
+            return F.mse_loss(x, target)
+        sq = (x - target).pow(2) * weight[:, None, :, None]
         return sq.sum() / (weight.sum() * h * dh).clamp_min(1.0)
 
 
