@@ -1,6 +1,8 @@
 """One routing attention layer against causal dense SDPA and lucidrains' routing-transformer,
 forward+backward, timed interleaved in one process (so the three see the same machine load) at
-several lengths, plus each workload's peak memory above what is resident before its step.
+several lengths, plus each workload's peak memory above what is resident before its step (measured with glibc's
+mmap threshold fixed, so that freed blocks go back to the system and the high-water mark is that
+of live memory, not of the allocator's history).
 
 The workloads are the ``effiformer bench --part attention`` ones (same builders): our
 ``routing-small`` first layer (``model.attention_part``: projections included) with
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -66,7 +69,31 @@ def _step(wl) -> None:
     wl.step_loss(wl.forward()).backward()
 
 
+MMAP_THRESHOLD = "131072"
+
+
+def _peaks(wls: dict) -> dict[str, float]:
+    out = {}
+    for key, wl in wls.items():
+        method = "clear_refs" if _reset_hwm() else "maxrss"
+        out[key] = measure_peak_mib(lambda wl=wl: _step(wl), wl.zero_grad, method, _cpu())
+    return out
+
+
+def _live_peaks(argv: list[str], t: int) -> dict[str, float]:
+    """The peaks measured in a child process whose glibc returns every freed block above
+    128 KiB to the system (fixed ``MALLOC_MMAP_THRESHOLD_``): with the default dynamic threshold
+    freed blocks of up to 32 MiB stay in the heap, so the high-water mark depends on the
+    allocation history; with it fixed the mark is that of live memory. Timing is not done there
+    (every large allocation is then a fresh mmap and its page faults)."""
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": MMAP_THRESHOLD}
+    cmd = [sys.executable, os.path.abspath(__file__), *argv, "--lengths", str(t), "--peaks-only"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="routing-small")
     p.add_argument("--set", dest="overrides", nargs="*", default=["attention.window=256"])
@@ -75,12 +102,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=None, help="JSON lines file (default: stdout only)")
+    p.add_argument("--peaks-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     from effiformer.config import parse_overrides
 
     overrides = parse_overrides(get_config(args.model), args.overrides)
+    if args.peaks_only:
+        wls = _workloads(args.model, overrides, args.lengths[0], args.batch)
+        for wl in wls.values():
+            _step(wl)
+        print(json.dumps(_peaks(wls)))
+        return 0
+    base = [a for a in argv if a not in ("--peaks-only",)]
+    child_argv = _without(base, "--lengths", "--out")
     env = {
         "torch": torch.__version__,
         "python": platform.python_version(),
@@ -91,13 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     }
     records = []
     for t in args.lengths:
+        live = _live_peaks(child_argv, t) if sys.platform == "linux" else {}
         wls = _workloads(args.model, overrides, t, args.batch)
         for wl in wls.values():  # warm-up (lucidrains initialises its centroids here)
             _step(wl)
-        peaks = {}
-        for key, wl in wls.items():
-            method = "clear_refs" if _reset_hwm() else "maxrss"
-            peaks[key] = measure_peak_mib(lambda wl=wl: _step(wl), wl.zero_grad, method, wl_dev())
+        peaks = _peaks(wls)  # as `effiformer bench` measures it (default malloc)
         times: dict[str, list[float]] = {k: [] for k in wls}
         for _ in range(args.repeats):  # interleaved: every workload once per round
             for key, wl in wls.items():
@@ -115,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
                 "batch": args.batch,
                 "fwd_bwd_ms": statistics.median(times[key]),
                 "fwd_bwd_ms_samples": times[key],
-                "peak_mib": peaks[key],
+                "peak_mib_default_malloc": peaks[key],
+                "peak_mib_live": live.get(key),
                 **env,
             }
             for other in ("sdpa", "routing-transformer"):
@@ -123,10 +158,15 @@ def main(argv: list[str] | None = None) -> int:
                     rec[f"speedup_vs_{other}"] = statistics.median(
                         [a / b for a, b in zip(times[other], times[key], strict=True)]
                     )
+                    if live.get(other) and live.get(key):
+                        rec[f"live_peak_ratio_vs_{other}"] = live[key] / live[other]
             records.append(rec)
             print(
-                f"T={t:6d} {key:20s} {rec['fwd_bwd_ms']:9.1f} ms  peak {peaks[key]:8.1f} MiB  "
-                + "  ".join(f"{k}={v:.2f}x" for k, v in rec.items() if k.startswith("speedup"))
+                f"T={t:6d} {key:20s} {rec['fwd_bwd_ms']:9.1f} ms  peak {peaks[key]:7.1f} MiB "
+                f"(live {live.get(key, float('nan')):7.1f})  "
+                + "  ".join(
+                    f"{k}={v:.2f}" for k, v in rec.items() if k.startswith(("speedup", "live_"))
+                )
             )
         del wls
     if args.out:
@@ -138,7 +178,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def wl_dev() -> torch.device:
+def _without(argv: list[str], *flags: str) -> list[str]:
+    """argv without the given flags and their values."""
+    out, skip = [], False
+    for a in argv:
+        if a in flags:
+            skip = True
+            continue
+        if skip and not a.startswith("--"):
+            continue
+        skip = False
+        out.append(a)
+    return out
+
+
+def _cpu() -> torch.device:
     return torch.device("cpu")
 
 

@@ -236,23 +236,19 @@ def kmeans_statistics(
     """One mini-batch of k-means statistics.
 
     x: (B, H, T, Dh) normalised vectors; centroids: (H, K, Dh); weight: (B, T) 1 for real tokens,
-    0 for padding (or None); scores: the (B, H, K, T) dot products ``x . mu`` when already
+    0 for padding (or None); scores: the (B, H, T, K) dot products ``x . mu`` when already
     computed. Returns counts (H, K), sums (H, K, Dh) of the vectors assigned to each centroid
     (highest dot product), and the assignment (B, H, T)."""
     if scores is None:
-        scores = torch.einsum("bhtd,hkd->bhkt", x, centroids.to(x.dtype))
-    assign = scores.argmax(dim=2)  # (B, H, T)
+        scores = x @ centroids.to(x.dtype).transpose(-1, -2)  # (B, H, T, K)
+    assign = scores.argmax(dim=-1)  # (B, H, T)
     b, h, t = assign.shape
-    k, dh = centroids.shape[1], x.shape[-1]
-    # Bins h * K + c per token, then index_add: O(T Dh), no (T, K) one-hot.
-    bins = (assign + k * torch.arange(h, device=x.device)[None, :, None]).reshape(-1)
-    w = torch.ones(b, h, t, device=x.device) if weight is None else weight[:, None, :].float()
-    w = w.expand(b, h, t).reshape(-1)  # (B*H*T,)
-    counts = torch.zeros(h * k, device=x.device).index_add_(0, bins, w).view(h, k)
-    src = x.float().reshape(-1, dh)
+    onehot = x.new_zeros(b, h, t, centroids.shape[1], dtype=torch.float32)  # (B, H, T, K)
+    onehot.scatter_(-1, assign[..., None], 1.0)
     if weight is not None:
-        src = src * w[:, None]
-    sums = torch.zeros(h * k, dh, device=x.device).index_add_(0, bins, src).view(h, k, dh)
+        onehot = onehot * weight[:, None, :, None].float()
+    counts = onehot.sum(dim=(0, 2))  # (H, K)
+    sums = torch.einsum("bhtk,bhtd->hkd", onehot, x.float())  # (H, K, Dh)
     return counts, sums, assign
 
 
@@ -509,9 +505,7 @@ class RoutingAttention(AttentionPart):
         h, dh, hr = self.dims.n_heads, self.dims.head_dim, self.n_routing
         real = None if mask is None else mask.key_padding
         p = self.dims.dropout if self.training else 0.0
-        q = self.q_proj(x).view(b, t, h, dh)  # (B, T, H, Dh)
-        v = self.v_proj(x).view(b, t, h, dh)
-        k = None if self.k_proj is None else self.k_proj(x).view(b, t, -1, dh)
+        q, k, v = self._qkv(x)  # (B, T, H, Dh), (B, T, H_k, Dh) or None, (B, T, H, Dh)
         outs: list[Tensor] = []
         aux: dict[str, Tensor] = {}
         updates: dict[str, Tensor] = {}
@@ -525,14 +519,35 @@ class RoutingAttention(AttentionPart):
         if hr:
             kr = None if k_r is None else k_r.transpose(1, 2)  # (B, H_r, T, Dh)
             o, aux, updates = self._routing(
-                q_r.transpose(1, 2), kr, v_r.transpose(1, 2), real, positions, p
+                q_r.transpose(1, 2).contiguous(),
+                kr,
+                v_r.transpose(1, 2).contiguous(),
+                real,
+                positions,
+                p,
             )  # (B, H_r, T, Dh)
             outs.append(o.transpose(1, 2))  # (B, T, H_r, Dh)
         if hl:
+            q_l, k_l, v_l = q_l.contiguous(), k_l.contiguous(), v_l.contiguous()
             o = local_attention(q_l, k_l, v_l, positions.local, key_padding=real, dropout_p=p)
             outs.append(o)  # (B, T, H_l, Dh)
         o = torch.cat(outs, dim=2).reshape(b, t, h * dh)
         return AttentionOutput(out=self.o_proj(o), aux=aux, updates=updates)
+
+    def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor | None, Tensor]:
+        """The Q, K, V projections of x (B, T, D) as one matmul over the stacked weights (one
+        pass over x forward and backward instead of three)."""
+        b, t, _ = x.shape
+        dh = self.dims.head_dim
+        projs = [p for p in (self.q_proj, self.k_proj, self.v_proj) if p is not None]
+        weight = torch.cat([p.weight for p in projs])
+        bias = None if projs[0].bias is None else torch.cat([p.bias for p in projs])
+        sizes = [p.out_features for p in projs]
+        parts = F.linear(x, weight, bias).split(sizes, dim=-1)
+        q, v = parts[0], parts[-1]
+        k = parts[1] if self.k_proj is not None else None
+        q, v = q.view(b, t, -1, dh), v.view(b, t, -1, dh)
+        return q, (None if k is None else k.view(b, t, -1, dh)), v
 
     def _routing(self, q, k, v, real, plan: RoutingPlan, dropout_p: float):
         """q, k (or None: shared), v: (B, H_r, T, Dh) -> out (B, H_r, T, Dh), aux, updates."""
@@ -543,13 +558,13 @@ class RoutingAttention(AttentionPart):
         mu = self.centroids().to(qn.dtype)  # (H_r, K, Dh)
         w = self.cluster_window(t)
         with torch.no_grad():
-            q_scores = torch.einsum("bhtd,hkd->bhkt", qn, mu)  # (B, H_r, K, T)
-            q_idx = route(q_scores, w, real)
+            q_scores = qn @ mu.transpose(-1, -2)  # (B, H_r, T, K)
+            q_idx = route(q_scores.transpose(-1, -2), w, real)  # (B, H_r, K, w)
             if k is None:
                 k_scores, k_idx = q_scores, q_idx
             else:
-                k_scores = torch.einsum("bhtd,hkd->bhkt", kn, mu)
-                k_idx = route(k_scores, w, real)
+                k_scores = kn @ mu.transpose(-1, -2)
+                k_idx = route(k_scores.transpose(-1, -2), w, real)
         out = routed_attention(
             qn, kn, v, q_idx, k_idx, causal=plan.causal, real=real, scale=self.scale,
             dropout_p=dropout_p,
