@@ -8,6 +8,7 @@ commitment loss reaches only q and k; skip_first; recomputation; 2-process DDP."
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import subprocess
@@ -433,3 +434,68 @@ def test_two_process_ddp_keeps_the_centroids_identical(tmp_path):
         # the same as one process taking the same global batch in two micro-batches
         assert_close(r0[key], single[key], rtol=1e-5, atol=1e-6)
         assert not torch.allclose(r0[key], init[key])  # and they did move
+
+
+# ------------------------------------------------------------------------------- bench
+
+
+def _spec(name: str, t: int, **overrides):
+    from effiformer.bench.references import CellSpec
+
+    config = get_config(name, seq_len=t, **overrides)
+    return CellSpec(
+        name=name, config=config, part="attention", seq_len=t, batch=1,
+        device=torch.device("cpu"), dtype=torch.float32,
+    )  # fmt: skip
+
+
+def test_reference_row_takes_the_clusters_and_window_of_our_first_layer():
+    from effiformer.bench import routing_references as rr
+    from effiformer.bench.references import list_references
+
+    rows = [r for r in list_references() if r.name == "routing-transformer"]
+    assert {r.target for r in rows} >= {"routing-small", "routing-enwik8"}
+    spec = _spec("routing-small", 4096, **{"attention.window": 256})
+    shape = rr.routing_layer_shape(spec)
+    torch.manual_seed(0)
+    part = create_model("routing-small", seq_len=4096, **{"attention.window": 256}).blocks[0].attn
+    assert shape == {
+        "routing_heads": part.n_routing,
+        "local_heads": part.n_local,
+        "clusters": part.n_clusters,
+        "cluster_window": part.cluster_window(4096),
+        "window": 256,
+        "share_qk": part.share_qk,
+    }
+    assert (shape["clusters"], shape["cluster_window"]) == (64, 64)
+    with pytest.raises(ValueError, match="routing attention only"):
+        rr.routing_layer_shape(_spec("vanilla-small", 256))
+    with pytest.raises(ValueError, match="no routing heads"):
+        rr.routing_layer_shape(_spec("routing-tiny", 128))  # skip_first=1
+    pytest.importorskip("routing_transformer")
+    wl = rr.routing_transformer_reference(_spec("routing-small", 512))
+    out = wl.forward()
+    assert out.shape == (1, 512, 256)
+    wl.step_loss(out).backward()
+
+
+def test_routing_vs_vanilla_script_records_both_models(tmp_path):
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "routing_vs_vanilla.py"
+    spec = importlib.util.spec_from_file_location("bench_routing_vs_vanilla", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    threads = torch.get_num_threads()
+    try:
+        assert module.main([
+            "--steps", "2", "--seq-len", "32", "--batch", "2", "--window", "8",
+            "--eval-tokens", "128", "--eval-batch", "2", "--out", str(tmp_path),
+            "--set", "dim=32", "n_heads=2", "n_layers=1", "ffn_dim=64",
+        ]) == 0  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    lines = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert lines[0]["kind"] == "environment"
+    assert [r["model"] for r in lines[1:]] == ["vanilla-small", "routing-small"]
+    assert all(r["steps"] == 2 and r["val_bpc"] > 0 for r in lines[1:])
