@@ -5,8 +5,8 @@ mmap threshold fixed, so that freed blocks go back to the system and the high-wa
 of live memory, not of the allocator's history).
 
 The workloads are the ``effiformer bench --part attention`` ones (same builders): our
-``routing-small`` first layer (``model.attention_part``: projections included) with
-``attention.window`` 256, the bare ``sdpa`` reference row (no projections), and the
+``routing-small`` first layer (``model.attention_part``: projections included; local blocks of
+256), the bare ``sdpa`` reference row (no projections), and the
 ``routing-transformer`` reference row (:mod:`effiformer.bench.routing_references`, the ``bench``
 extra; skipped when it is not installed). Writes one JSON line per (workload, length) with the
 environment.
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="routing-small")
-    p.add_argument("--set", dest="overrides", nargs="*", default=["attention.window=256"])
+    p.add_argument("--set", dest="overrides", nargs="*", default=[])
     p.add_argument("--lengths", nargs="+", type=int, default=[4096, 8192, 16384])
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--repeats", type=int, default=5)
