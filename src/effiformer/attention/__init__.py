@@ -10,6 +10,7 @@ from . import (  # noqa: F401  (registration, from this explicit list)
     funnel_relative,
     local,
     relative_xl,
+    routing,
     sparse,
 )
 from .base import (

@@ -266,7 +266,8 @@ class AttentionPart(nn.Module):
 
     Subclasses implement ``forward`` (the interface above) and, where they need them,
     ``from_config``, ``build_shared``, ``prepare``, ``memory_len``; the testing hooks
-    (``example_config``, ``degenerate_config``, ``make_dense_equivalent_``, ``dense_reference``)
+    (``example_config``, ``causal_config``, ``degenerate_config``, ``make_dense_equivalent_``,
+    ``dense_reference``)
     let the registry-wide contract test (``tests/attention/test_contract.py``) run each mechanism
     at a size that exercises it and check it against dense attention at its degenerate limit.
     """
@@ -309,6 +310,15 @@ class AttentionPart(nn.Module):
         """A config of this mechanism that really exercises it on sequences of ``seq_len``
         (windows, chunks and buckets smaller than the sequence): what the contract test runs.
         Default: ``config`` (the registered defaults)."""
+        return config
+
+    @classmethod
+    def causal_config(cls, config: AttentionConfig, seq_len: int) -> AttentionConfig:
+        """A config of this mechanism (derived from ``config``, the example config) whose causal
+        outputs ignore later tokens exactly: what the contract test's causality check runs.
+        Default: ``config``. A mechanism whose *selection* of keys competes over the whole
+        segment (Routing's balanced top-w clusters, as in its official training code) returns one
+        whose selection is trivial, and tests its masks on their own."""
         return config
 
     @classmethod

@@ -73,7 +73,11 @@ class LocalPlan:
     window / n_chunks / padded: chunk length, number of chunks, T rounded up to chunks;
     offsets: the chunk offsets each chunk attends to (``-look_backward .. look_forward``);
     keep: (n_chunks, window, len(offsets) * window) bool, causal and range mask on original
-    positions (padding added per call).
+    positions (padding added per call);
+    regular_from: ``r`` when every chunk from ``r`` on has the same mask ``keep[r]`` (a causal
+    plan whose length is a multiple of the window: every chunk but the first ``look_backward``),
+    else ``None``. Without key padding those chunks then share one (w, K) mask instead of a
+    (chunks, w, K) one (less memory: SDPA keeps its mask for the backward).
     """
 
     window: int
@@ -81,6 +85,7 @@ class LocalPlan:
     padded: int
     offsets: tuple[int, ...]
     keep: Tensor
+    regular_from: int | None = None
 
 
 def make_plan(
@@ -100,7 +105,10 @@ def make_plan(
     keep = valid[:, None, :].expand(n, w, kpos.shape[1])  # (n, w, K)
     if causal:
         keep = keep & (kpos[:, None, :] <= qpos[:, :, None])
-    return LocalPlan(w, n, n * w, offsets, keep.contiguous())
+    keep = keep.contiguous()
+    r = look_backward
+    regular = r if n > r and bool((keep[r:] == keep[r]).all()) else None
+    return LocalPlan(w, n, n * w, offsets, keep, regular)
 
 
 def _neighbours(t: Tensor, offsets: tuple[int, ...]) -> Tensor:
@@ -144,6 +152,9 @@ def local_attention(
 
     qc, kc, vc = chunks(q), chunks(k), chunks(v)
     kn, vn = _neighbours(kc, plan.offsets), _neighbours(vc, plan.offsets)  # (B, n, H, K, Dh)
+    if key_padding is None and plan.regular_from is not None:
+        o = _regular_local(qc, kn, vn, plan, dropout_p, scale)  # (B, Tp, H, Dh)
+        return o if pad == 0 else o[:, :t]
     keep = plan.keep[None, :, None]  # (1, n, 1, w, K)
     if key_padding is not None:
         kp = F.pad(key_padding.to(torch.bool), (0, pad)).view(b, n, 1, w)  # (B, n, 1, w)
@@ -169,7 +180,40 @@ def local_attention(
         scale=scale,
     )  # (B*n, H, w, Dh)
     o = o.view(b, n, h, w, dh).transpose(2, 3).reshape(b, tp, h, dh)  # (B, Tp, H, Dh)
-    return o[:, :t]
+    return o if pad == 0 else o[:, :t]
+
+
+def _regular_local(
+    qc: Tensor, kn: Tensor, vn: Tensor, plan: LocalPlan, dropout_p: float, scale: float | None
+) -> Tensor:
+    """``local_attention`` without key padding for a plan whose chunks from ``regular_from`` on
+    share one mask: those chunks attend under one broadcast (1, 1, w, K) mask, the first ones
+    under their own. Same result as one call under the (chunks, w, K) mask. -> (B, Tp, H, Dh)."""
+    b, n, h, w, dh = qc.shape
+    kk, r = kn.shape[3], plan.regular_from
+    assert r is not None
+
+    def attend(qs: Tensor, ks: Tensor, vs: Tensor, mask: Tensor) -> Tensor:
+        m = qs.shape[1]
+        o = F.scaled_dot_product_attention(
+            qs.reshape(b * m, h, w, dh),
+            ks.reshape(b * m, h, kk, dh),
+            vs.reshape(b * m, h, kk, dh),
+            attn_mask=mask,
+            dropout_p=dropout_p,
+            scale=scale,
+        )  # (B*m, H, w, Dh)
+        return o.view(b, m, h, w, dh)
+
+    regular_mask = plan.keep[r][None, None]  # (1, 1, w, K), broadcast over every chunk
+    if r:
+        # split, not slices: the backward concatenates instead of zero-filling per slice
+        (q0, q1), (k0, k1), (v0, v1) = (t.split([r, n - r], dim=1) for t in (qc, kn, vn))
+        head_mask = plan.keep[:r][None].expand(b, r, w, kk).reshape(b * r, 1, w, kk)
+        o = torch.cat([attend(q0, k0, v0, head_mask), attend(q1, k1, v1, regular_mask)], dim=1)
+    else:
+        o = attend(qc, kn, vn, regular_mask)  # (B, n, H, w, Dh)
+    return o.transpose(2, 3).reshape(b, plan.padded, h, dh)
 
 
 class LocalAttention(AttentionPart):

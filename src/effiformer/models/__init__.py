@@ -1,6 +1,6 @@
 """Model families. Each family registers itself when imported from this explicit list."""
 
-from . import compressive, funnel, transformer, transformer_xl  # noqa: F401  (registration)
+from . import compressive, funnel, routing, transformer, transformer_xl  # noqa: F401  (registration)
 from .base import EffiModel, ModelOutput
 from .classifier import SequenceClassifier
 from .compressive import CompressiveConfig, CompressiveTransformer

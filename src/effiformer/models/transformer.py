@@ -51,7 +51,10 @@ class VanillaConfig(ModelConfig):
     ``recompute``: recompute each block in the backward pass (activation checkpointing);
     ``init``: "gpt2" (default: N(0, 0.02), residual projections scaled by 1/sqrt(2N)) or
     "sparse_transformer" (see the module docstring); ``ffn_dropout``: dropout inside the FFN
-    (default: ``dropout``)."""
+    (default: ``dropout``); ``embed_dim``: factorised token embeddings of this width (``None``:
+    ``dim``), projected up to ``dim`` after the lookup and back down before the (tied) output
+    layer, as the Routing Transformer's WikiText-103 model (``embedding_dims`` 256 under
+    ``hidden_size`` 1024)."""
 
     family = "vanilla"
 
@@ -64,9 +67,12 @@ class VanillaConfig(ModelConfig):
     recompute: bool = False
     init: str = "gpt2"
     ffn_dropout: float | None = None
+    embed_dim: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.embed_dim is not None:
+            self._check_positive("embed_dim")
         self._check_choice("positions", ("sinusoidal", "learned", "factorized"))
         self._check_choice("activation", tuple(ACTIVATIONS))
         self._check_choice("init", ("gpt2", "sparse_transformer"))
@@ -111,8 +117,12 @@ class Transformer(EffiModel):
                 max_len=c.seq_len,
             )
 
-        self.embed = nn.Embedding(c.vocab_size, c.dim)
-        self.embed_scale = math.sqrt(c.dim) if c.positions == "sinusoidal" else 1.0
+        e = c.dim if c.embed_dim is None else c.embed_dim
+        self.embed = nn.Embedding(c.vocab_size, e)
+        self.embed_scale = math.sqrt(e) if c.positions == "sinusoidal" else 1.0
+        # Factorised embeddings (embed_dim != dim): E -> D after the lookup, D -> E before the head.
+        self.embed_proj = nn.Linear(e, c.dim) if e != c.dim else nn.Identity()
+        self.head_proj = nn.Linear(c.dim, e) if e != c.dim else nn.Identity()
         self.pos = build_positions(c.positions, c.dim, c.seq_len, stride=c.position_stride)
         ffn_dropout = c.dropout if c.ffn_dropout is None else c.ffn_dropout
         self.drop = nn.Dropout(c.dropout)
@@ -130,7 +140,7 @@ class Transformer(EffiModel):
             recompute=c.recompute,
         )
         self.final_norm = nn.LayerNorm(c.dim) if c.norm_first else nn.Identity()
-        self.head = nn.Linear(c.dim, c.vocab_size, bias=False)
+        self.head = nn.Linear(e, c.vocab_size, bias=False)
         self._init_weights()
         if c.tie_embeddings:
             self.head.weight = self.embed.weight
@@ -139,7 +149,7 @@ class Transformer(EffiModel):
         if self.config.init == "sparse_transformer":
             self._init_sparse_transformer()
             return
-        # With sinusoids, token embeddings have std dim^-1/2 and are scaled by sqrt(dim) in forward
+        # With sinusoids, token embeddings have std width^-1/2 and are scaled by sqrt(width) in forward
         # (Vaswani et al. sec. 3.4), so tokens and the unit-amplitude sinusoids enter the first
         # block at the same scale. With learned positions both tables are N(0, 0.02), unscaled
         # (GPT-2).
@@ -148,7 +158,7 @@ class Transformer(EffiModel):
             if keeps_init(p):  # initialised by its attention part (attention.base.keep_init)
                 continue
             if name == "embed.weight" and sinusoidal:
-                nn.init.normal_(p, std=self.config.dim**-0.5)
+                nn.init.normal_(p, std=p.shape[1] ** -0.5)
             elif p.dim() >= 2:
                 nn.init.normal_(p, std=0.02)
                 if name.endswith(("o_proj.weight", "fc2.weight")):  # GPT-2 residual scaling
@@ -202,7 +212,7 @@ class Transformer(EffiModel):
             causal=self.config.causal,
             key_padding=None if attention_mask is None else attention_mask.to(torch.bool),
         )
-        x = self.embed(input_ids) * self.embed_scale  # (B, T, D)
+        x = self.embed_proj(self.embed(input_ids) * self.embed_scale)  # (B, T, D)
         x = self.drop(self.pos(x, offset=past))
         ctx = PrepareContext(
             tq=t, tk=past + t, mask=mask, device=x.device, dtype=x.dtype, training=self.training
@@ -224,7 +234,7 @@ class Transformer(EffiModel):
         state: Any = None,
     ) -> ModelOutput:
         out = self.encode(input_ids, attention_mask=attention_mask, state=state)
-        out.logits = self.head(out.hidden)  # (B, T, V)
+        out.logits = self.head(self.head_proj(out.hidden))  # (B, T, V)
         if targets is not None:
             self.check_targets(targets, input_ids)
             out.loss = lm_loss(out.logits, targets)

@@ -1,0 +1,606 @@
+"""Routing attention: local heads beside content-routed heads clustered by online k-means.
+
+Roy, Saffar, Vaswani, Grangier 2020/2021, "Efficient Content-Based Sparse Attention with Routing
+Transformers", arXiv 2003.05997 (TACL 2021), sec. 4 (routing attention, online k-means), sec. 5
+(the local/routing head mix) and the official code (google-research ``routing_transformer``:
+``utils.py`` ``attention_nd``, ``clustered_local_attention_helper``, ``cluster_items``,
+``online_kmeans``; the hyper-parameters of ``sparse_transformer.py``).
+
+What one layer computes
+-----------------------
+The ``H`` heads of a layer are split into ``routing_heads`` routing heads (the first ones, as the
+official code splits them) and ``H - routing_heads`` local heads; ``skip_first`` lower layers are
+all local (:meth:`RoutingConfig.for_layer`, the official ``sparsity_skip_first``).
+
+- **Local heads**: block-local attention, own block causally plus the previous block (official
+  ``query_shape = memory_flange = 256``), i.e. :func:`~effiformer.attention.local.local_attention`
+  with ``look_backward=1`` (``look_forward=1`` in a bidirectional model), SDPA scaling
+  ``1/sqrt(d_head)``.
+- **Routing heads**: queries (and keys) are normalised per head: ``qk_norm="layernorm"``, a
+  LayerNorm without scale or bias as the official code (norm ``sqrt(d_head)``), or ``"l2"``, unit
+  vectors as the paper writes it. Decoders share QK (``share_qk``, default: the model is causal):
+  ``k := q`` for the routing heads only. Each head has ``K`` centroids ``mu`` (K, d_head);
+  token ``t`` scores ``q_t . mu_c`` (dot product, not distance). **Balanced routing**: centroid
+  ``c`` takes the ``w`` tokens with the highest scores over the whole segment, sorted by
+  position; queries chosen by ``c`` attend to keys chosen by ``c`` under the causal mask *on
+  original positions* (with unshared QK the official rank-based triangle would not be causal), by
+  one SDPA call over (B * H_r, K, w, d_head) tiles with logits ``scale * q_hat . k_hat``. Outputs
+  are scattered back; a token chosen by several centroids gets the mean of their outputs, a
+  token chosen by none gets zero from the routing heads.
+- **Online mini-batch k-means outside the optimiser** (official ``online_kmeans``, the VQ-VAE EMA
+  of van den Oord et al. 2017, app. A.1): every real token is assigned to its highest-scoring
+  centroid; the per-cluster counts ``n_c`` and sums ``s_c`` of the normalised vectors are
+  accumulated as EMAs with decay ``decay`` (0.999 in the released hyper-parameters),
+  ``N <- decay N + (1 - decay) n`` and ``S <- decay S + (1 - decay) s``; the centroids are
+  ``mu = S / N~`` with the Laplace-smoothed counts ``N~_c = (N_c + eps) / (sum N + K eps) * sum N``
+  (official ``epsilon = 1e-5``), never renormalised. ``S`` starts at the initial centroids
+  ``LN(N(0, 1))`` (unit vectors for ``"l2"``) and ``N`` at zero, as the official ``ema_means`` /
+  ``ema_count`` variables; until the first update the centroids are ``S`` itself.
+  ``S`` and ``N`` are buffers (``ema_sums``, ``ema_counts``: saved in checkpoints, never seen by
+  the optimiser); the centroids are computed from them on the fly (:meth:`RoutingAttention.centroids`).
+  In training a forward returns the new ``S`` and ``N`` in ``AttentionOutput.updates`` (computed
+  under ``no_grad``); the trainer averages them over micro-batches and DDP ranks and writes them
+  after the optimiser step.
+- **Commitment loss** ``commitment * mean ||x_hat - sg(mu_assigned)||^2`` (beta = 1e-4, official
+  ``e_loss``) over the normalised queries (plus keys when unshared), returned as
+  ``aux["commitment"]`` in training: its gradient reaches q and k only (centroids are buffers and
+  are detached anyway).
+
+Data parallelism and micro-batches
+----------------------------------
+The official update all-reduces the *statistics* (``cross_replica_sum`` of ``n`` and ``s``) before
+the EMA; averaging EMA'd *centroids* across ranks would not equal that (the mean of ratios is not
+the ratio of sums). Here the update carries the EMA'd sums and counts themselves, which are linear
+in the statistics: the mean over R ranks and M micro-batches of ``decay B + (1 - decay) s_r`` is
+``decay B + (1 - decay) (sum_r s_r) / (R M)``, the official all-reduced EMA with the statistics
+of the global batch divided by ``R M``. Both ``S`` and ``N`` carry the same factor, which cancels
+in ``mu = S / N~``: the centroids follow the one-process trajectory of the same global batch
+(exactly, up to floating point, when that process also splits it into ``R M`` micro-batches).
+The factor shows only in the two constants of the recursion: the initial pseudo-sum ``S_0 = mu_0``
+(whose weight decays as ``decay^t``) and the Laplace ``eps``, both weighed against per-contribution
+rather than global counts.
+
+Deliberate deviations (each is a choice you can see in the code)
+----------------------------------------------------------------
+- Tokens chosen by several centroids are averaged exactly (``sum / count``); the official code
+  divides by ``count + 0.01`` (which scales a token chosen once by 1/1.01), lucidrains by
+  ``count + 1e-5``. With the exact mean the one-cluster limit *is* dense attention.
+- Unshared QK (encoders): the official code runs the EMA twice per step on the same variables
+  (queries, then keys); we use the paper's update (sec. 4.2, ``mu <- lambda mu + (1-lambda)/2
+  sum Q + (1-lambda)/2 sum K``): the query and key statistics are averaged into one EMA step. The
+  causal mask compares gathered positions (the trap of the rank-based triangle).
+- Padding: padded tokens score ``-inf`` for every centroid (so they never displace real tokens),
+  are masked as keys and excluded from the k-means statistics (as the official
+  ``embedding_to_padding``) and from the commitment loss (the official mean includes them as
+  constants).
+- No relative-position embeddings in either head type (official ``local_relative`` /
+  ``sparsity_cluster_relative`` with ``max_relative_position`` 513, where the routing heads'
+  "relative position" is the rank inside the sorted window); the model's own positions are used.
+  The official extra ``d_head x d_head`` projection shared by all heads before the output
+  projection ("allow heads to talk") is omitted: it is linear and absorbed by ``o_proj``.
+- Causality of the *selection*: as in the official training code, the top-``w`` competition runs
+  over the whole segment, so a later token can displace an earlier one from a cluster. Attention
+  weights on later positions are exactly zero, but an earlier output can change when later
+  tokens change (the official decoder instead blanks future positions, so training and decoding
+  differ; the lucidrains README reports the same). :meth:`RoutingAttention.causal_config` tells
+  the contract test which configuration is exactly causal (one that selects every token).
+
+Cost: scores O(T K d), selection O(T K), attention O(K w^2 d) = O(T w d) with ``K w ~ T``; the
+k-means statistics O(T K d); no (T, T) tensor. ``clusters=None`` uses ``round(sqrt(seq_len))``
+clusters (the paper's O(n^1.5 d) choice); ``cluster_window=None`` uses ``w = ceil(T / K)``; the
+released configs fix both (enwik8 8k: 16 x 512).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..config import AttentionConfig, ConfigError
+from .base import (
+    AttentionDims,
+    AttentionMask,
+    AttentionOutput,
+    AttentionPart,
+    PrepareContext,
+    check_attention_inputs,
+)
+from .local import LocalPlan, local_attention, make_plan
+from .registry import register_attention
+
+__all__ = [
+    "RoutingConfig",
+    "RoutingAttention",
+    "RoutingPlan",
+    "normalize_qk",
+    "route",
+    "routed_attention",
+    "kmeans_statistics",
+    "ema_update",
+    "centroids_from",
+]
+
+QK_NORMS = ("layernorm", "l2")
+LN_EPS = 1e-6  # the official layer_norm's epsilon
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoutingConfig(AttentionConfig):
+    """Routing attention (see the module docstring).
+
+    routing_heads: heads routed by k-means (the first ones); ``None``: half of ``n_heads``; the
+        rest are local heads. skip_first: the first layers are all local.
+    window: local block length (own block causally plus the previous one).
+    clusters: centroids per routing head (``None``: ``round(sqrt(seq_len))``).
+    cluster_window: tokens each centroid takes, ``w`` (``None``: ``ceil(T / clusters)``; always
+        at most ``T``).
+    qk_norm: ``"layernorm"`` (official: LayerNorm without scale or bias) or ``"l2"`` (paper).
+    share_qk: routing keys are the queries (``None``: when the model is causal).
+    scale: routing logits are ``scale * q_hat . k_hat`` (``None``: 1, the official convention on
+        LayerNorm'd vectors, whose norm is sqrt(d_head)).
+    decay / epsilon / commitment: k-means EMA decay, Laplace smoothing, commitment weight beta.
+    bias: biases on the Q, K, V, O projections (the official projections have none).
+    """
+
+    name = "routing"
+
+    routing_heads: int | None = None
+    skip_first: int = 0
+    window: int = 256
+    clusters: int | None = None
+    cluster_window: int | None = None
+    qk_norm: str = "layernorm"
+    share_qk: bool | None = None
+    scale: float | None = None
+    decay: float = 0.999
+    epsilon: float = 1e-5
+    commitment: float = 1e-4
+    bias: bool = False
+
+    def __post_init__(self) -> None:
+        self._check_positive("window")
+        for name in ("routing_heads", "skip_first"):
+            v = getattr(self, name)
+            if v is None and name == "routing_heads":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"attention.{name} must be an integer >= 0, got {v!r}")
+        for name in ("clusters", "cluster_window"):
+            if getattr(self, name) is not None:
+                self._check_positive(name)
+        self._check_choice("qk_norm", QK_NORMS)
+        if self.share_qk is not None and not isinstance(self.share_qk, bool):
+            raise ConfigError(
+                f"attention.share_qk must be true, false or None, got {self.share_qk!r}"
+            )
+        if self.scale is not None and not (isinstance(self.scale, (int, float)) and self.scale > 0):
+            raise ConfigError(
+                f"attention.scale must be a positive number or None, got {self.scale!r}"
+            )
+        if not (isinstance(self.decay, (int, float)) and 0.0 <= self.decay < 1.0):
+            raise ConfigError(f"attention.decay must be in [0, 1), got {self.decay!r}")
+        if not (isinstance(self.epsilon, (int, float)) and self.epsilon > 0):
+            raise ConfigError(f"attention.epsilon must be > 0, got {self.epsilon!r}")
+        if not (isinstance(self.commitment, (int, float)) and self.commitment >= 0):
+            raise ConfigError(f"attention.commitment must be >= 0, got {self.commitment!r}")
+
+    def for_layer(self, layer: int, n_layers: int) -> RoutingConfig:
+        """Layers below ``skip_first`` turn their routing heads into local heads."""
+        if layer < self.skip_first and self.routing_heads != 0:
+            return dataclasses.replace(self, routing_heads=0)
+        return self
+
+
+@dataclass(frozen=True)
+class RoutingPlan:
+    """What one forward's routing layers share (built in ``prepare``): the local heads' block plan
+    (``None`` without local heads) and the mask's causality."""
+
+    local: LocalPlan | None
+    causal: bool
+
+
+# ------------------------------------------------------------------------------------ functions
+
+
+def normalize_qk(x: Tensor, kind: str) -> Tensor:
+    """(..., Dh) -> (..., Dh): LayerNorm without scale or bias (norm sqrt(Dh)) or unit L2."""
+    if kind == "layernorm":
+        return F.layer_norm(x, x.shape[-1:], eps=LN_EPS)
+    if kind == "l2":
+        return F.normalize(x, dim=-1)
+    raise ValueError(f"kind must be one of {list(QK_NORMS)}, got {kind!r}")
+
+
+def centroids_from(sums: Tensor, counts: Tensor, epsilon: float) -> Tensor:
+    """Centroids (H, K, Dh) from EMA sums (H, K, Dh) and counts (H, K): ``S / N~`` with
+    Laplace-smoothed counts ``N~ = (N + eps) / (sum N + K eps) * sum N`` (per head); a head whose
+    counts are all zero (no update yet) keeps ``S``."""
+    k = counts.shape[-1]
+    total = counts.sum(-1, keepdim=True)  # (H, 1)
+    smoothed = (counts + epsilon) / (total + k * epsilon) * total  # (H, K)
+    started = total > 0  # (H, 1)
+    safe = torch.where(started, smoothed, torch.ones_like(smoothed))
+    return torch.where(started[..., None], sums / safe[..., None], sums)
+
+
+@torch.no_grad()
+def kmeans_statistics(
+    x: Tensor, centroids: Tensor, weight: Tensor | None = None, scores: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """One mini-batch of k-means statistics.
+
+    x: (B, H, T, Dh) normalised vectors; centroids: (H, K, Dh); weight: (B, T) 1 for real tokens,
+    0 for padding (or None); scores: the (B, H, T, K) dot products ``x . mu`` when already
+    computed. Returns counts (H, K), sums (H, K, Dh) of the vectors assigned to each centroid
+    (highest dot product), and the assignment (B, H, T)."""
+    if scores is None:
+        scores = x @ centroids.to(x.dtype).transpose(-1, -2)  # (B, H, T, K)
+    assign = scores.argmax(dim=-1)  # (B, H, T)
+    b, h, t = assign.shape
+    onehot = x.new_zeros(b, h, t, centroids.shape[1], dtype=torch.float32)  # (B, H, T, K)
+    onehot.scatter_(-1, assign[..., None], 1.0)
+    if weight is not None:
+        onehot = onehot * weight[:, None, :, None].float()
+    counts = onehot.sum(dim=(0, 2))  # (H, K)
+    sums = torch.einsum("bhtk,bhtd->hkd", onehot, x.float())  # (H, K, Dh)
+    return counts, sums, assign
+
+
+def ema_update(
+    sums: Tensor, counts: Tensor, new_sums: Tensor, new_counts: Tensor, decay: float
+) -> tuple[Tensor, Tensor]:
+    """``S <- decay S + (1 - decay) s``, ``N <- decay N + (1 - decay) n``."""
+    return (
+        decay * sums + (1.0 - decay) * new_sums.to(sums.dtype),
+        decay * counts + (1.0 - decay) * new_counts.to(counts.dtype),
+    )
+
+
+def route(scores: Tensor, window: int, real: Tensor | None = None) -> Tensor:
+    """Balanced routing: scores (B, H, K, T) -> indices (B, H, K, w), each centroid's ``w``
+    highest-scoring tokens sorted by position. Padded tokens (``real`` (B, T) False) score
+    ``-inf`` so they are taken only when fewer than ``w`` tokens are real."""
+    if real is not None:
+        scores = scores.masked_fill(~real[:, None, None, :], float("-inf"))
+    idx = scores.topk(window, dim=-1, sorted=False).indices  # (B, H, K, w)
+    return idx.sort(dim=-1).values
+
+
+def _gather(t: Tensor, idx: Tensor) -> Tensor:
+    """t (B, H, T, Dh), idx (B, H, K, w) -> (B, H, K, w, Dh)."""
+    b, h, k, w = idx.shape
+    flat = idx.reshape(b, h, k * w, 1).expand(b, h, k * w, t.shape[-1])
+    return t.gather(2, flat).view(b, h, k, w, t.shape[-1])
+
+
+def routed_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_idx: Tensor,
+    k_idx: Tensor,
+    *,
+    causal: bool,
+    real: Tensor | None = None,
+    scale: float = 1.0,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """Attention within clusters, scattered back to positions.
+
+    q, k, v: (B, H, T, Dh) (q, k already normalised); q_idx / k_idx: (B, H, K, w) sorted token
+    indices of each cluster's queries and keys (the same tensor under shared QK); real: (B, T)
+    key padding (True = real). Query ``i`` of cluster ``c`` attends to the keys of cluster ``c``
+    at positions ``<= i`` (causal) that are real. Returns (B, H, T, Dh): each token's mean over
+    the clusters that chose it as a query (and gave it at least one key), zero for the others.
+    """
+    b, h, t, dh = v.shape
+    kk, w = q_idx.shape[2], q_idx.shape[3]
+    shared = q_idx is k_idx or torch.equal(q_idx, k_idx)
+    qg = _gather(q, q_idx).view(b * h, kk, w, dh)  # (B*H, K, w, Dh)
+    kg = qg if (shared and k is q) else _gather(k, k_idx).view(b * h, kk, w, dh)
+    vg = _gather(v, k_idx).view(b * h, kk, w, dh)
+    keep = None
+    has_key = None
+    if causal and shared and real is None:
+        # Sorted, distinct positions: the rank triangle is the positional causal mask.
+        o = F.scaled_dot_product_attention(
+            qg, kg, vg, is_causal=True, scale=scale, dropout_p=dropout_p
+        )
+    else:
+        if causal:
+            keep = k_idx[..., None, :] <= q_idx[..., :, None]  # (B, H, K, w, w)
+        if real is not None:
+            rk = real[:, None, :].expand(b, h, t).gather(2, k_idx.reshape(b, h, kk * w))
+            rk = rk.view(b, h, kk, 1, w)  # (B, H, K, 1, w)
+            keep = rk if keep is None else keep & rk
+        if keep is not None:
+            keep = keep.expand(b, h, kk, w, w)
+            has_key = keep.any(-1)  # (B, H, K, w)
+            if not bool(has_key.all()):
+                # A row with no visible key would be NaN: let it see key 0 and zero it below.
+                first = torch.zeros_like(keep)
+                first[..., 0] = True
+                keep = keep | (first & ~has_key[..., None])
+            keep = keep.reshape(b * h, kk, w, w)
+        o = F.scaled_dot_product_attention(
+            qg, kg, vg, attn_mask=keep, scale=scale, dropout_p=dropout_p
+        )  # (B*H, K, w, Dh)
+    o = o.view(b, h, kk * w, dh)
+    flat = q_idx.reshape(b, h, kk * w)
+    if has_key is None:
+        weight = torch.ones(b, h, kk * w, dtype=o.dtype, device=o.device)
+    else:
+        weight = has_key.reshape(b, h, kk * w).to(o.dtype)
+        o = o * weight[..., None]
+    out = o.new_zeros(b, h, t, dh).scatter_add(2, flat[..., None].expand(b, h, kk * w, dh), o)
+    count = o.new_zeros(b, h, t).scatter_add(2, flat, weight)  # (B, H, T)
+    return out / count.clamp_min(1.0)[..., None]
+
+
+# ------------------------------------------------------------------------------------ the part
+
+
+class RoutingAttention(AttentionPart):
+    """Local heads plus routing heads with online k-means centroids (see the module docstring).
+
+    Parameters: ``q_proj`` (all heads), ``k_proj`` (local heads, plus routing heads when QK is
+    not shared; absent when no head needs its own keys), ``v_proj``, ``o_proj``. Buffers (routing
+    heads only): ``ema_sums`` (H_r, K, Dh), ``ema_counts`` (H_r, K).
+    """
+
+    def __init__(self, config: RoutingConfig, dims: AttentionDims) -> None:
+        super().__init__()
+        self.config, self.dims = config, dims
+        h, dh, d = dims.n_heads, dims.head_dim, dims.dim
+        hr = h // 2 if config.routing_heads is None else config.routing_heads
+        if hr > h:
+            raise ConfigError(f"attention.routing_heads={hr} exceeds the model's n_heads={h}")
+        self.n_routing, self.n_local = hr, h - hr
+        self.share_qk = dims.causal if config.share_qk is None else config.share_qk
+        self.q_proj = nn.Linear(d, h * dh, bias=config.bias)
+        n_keys = self.n_local + (0 if self.share_qk else hr)
+        self.k_proj = nn.Linear(d, n_keys * dh, bias=config.bias) if n_keys else None
+        self.v_proj = nn.Linear(d, h * dh, bias=config.bias)
+        self.o_proj = nn.Linear(h * dh, d, bias=config.bias)
+        self.n_clusters = 0
+        if hr:
+            if config.clusters is not None:
+                k = config.clusters
+            elif dims.max_len is not None:
+                k = max(1, round(math.sqrt(dims.max_len)))
+            else:
+                raise ConfigError(
+                    "attention.clusters=None derives the clusters from the model's seq_len, "
+                    "which these dims do not give; set attention.clusters"
+                )
+            self.n_clusters = k
+            init = normalize_qk(torch.randn(hr, k, dh), config.qk_norm)
+            self.register_buffer("ema_sums", init)  # (H_r, K, Dh)
+            self.register_buffer("ema_counts", torch.zeros(hr, k))  # (H_r, K)
+
+    # ---- k-means state ------------------------------------------------------------------
+
+    def centroids(self) -> Tensor:
+        """(H_r, K, Dh): ``ema_sums / smoothed(ema_counts)`` (see :func:`centroids_from`)."""
+        if not self.n_routing:
+            raise ValueError("this layer has no routing heads (and no centroids)")
+        return centroids_from(self.ema_sums, self.ema_counts, self.config.epsilon)
+
+    @property
+    def scale(self) -> float:
+        return 1.0 if self.config.scale is None else float(self.config.scale)
+
+    def cluster_window(self, t: int) -> int:
+        w = self.config.cluster_window
+        if w is None:
+            w = -(-t // self.n_clusters)
+        return max(1, min(w, t))
+
+    # ---- interface ----------------------------------------------------------------------
+
+    @property
+    def look_forward(self) -> int:
+        return 0 if self.dims.causal else 1
+
+    def prepare(self, ctx: PrepareContext, shared: nn.Module | None) -> RoutingPlan:
+        if ctx.tq != ctx.tk:
+            raise ValueError(
+                f"routing attention is self-attention over one sequence (Tq = Tk), got "
+                f"Tq={ctx.tq}, Tk={ctx.tk}"
+            )
+        local = None
+        if self.n_local:
+            local = make_plan(
+                ctx.tk,
+                self.config.window,
+                1,
+                self.look_forward,
+                causal=ctx.mask.causal,
+                device=ctx.device,
+            )
+        return RoutingPlan(local=local, causal=ctx.mask.causal)
+
+    @classmethod
+    def example_config(cls, config: RoutingConfig, seq_len: int) -> RoutingConfig:
+        # At T=64: local blocks of 13, 4 clusters of 12 tokens (48 slots: some tokens are chosen
+        # by no centroid, some by several).
+        return dataclasses.replace(
+            config, window=max(1, seq_len // 4 - 3), clusters=4, cluster_window=max(1, seq_len // 5)
+        )
+
+    @classmethod
+    def degenerate_config(cls, config: RoutingConfig, seq_len: int) -> RoutingConfig:
+        # One block covering the sequence, one cluster taking every token: local heads are dense
+        # attention, routing heads dense attention on normalised (shared) queries and keys.
+        return dataclasses.replace(config, window=seq_len, clusters=1, cluster_window=seq_len)
+
+    @classmethod
+    def causal_config(cls, config: RoutingConfig, seq_len: int) -> RoutingConfig:
+        # The top-w selection competes over the whole segment (official training code), so only a
+        # selection that takes every token is exactly causal; masks are tested separately.
+        return dataclasses.replace(config, cluster_window=seq_len)
+
+    def dense_reference(
+        self, x: Tensor, *, kv: Tensor | None = None, mask: AttentionMask | None = None
+    ) -> Tensor:
+        """What the degenerate configuration equals, with full (T, T) tensors: dense attention
+        in the local heads; in the routing heads dense attention with logits
+        ``scale * q_hat . k_hat`` on the normalised queries and keys (``k_hat = q_hat`` under
+        shared QK). (B, T, D)."""
+        if kv is not None:
+            raise ValueError("routing attention is self-attention; kv must be None")
+        b, t, _ = x.shape
+        h, dh, hr = self.dims.n_heads, self.dims.head_dim, self.n_routing
+        q = self.q_proj(x).view(b, t, h, dh).transpose(1, 2)  # (B, H, T, Dh)
+        v = self.v_proj(x).view(b, t, h, dh).transpose(1, 2)
+        k = None if self.k_proj is None else self.k_proj(x).view(b, t, -1, dh).transpose(1, 2)
+        keep = None if mask is None else mask.to_bool(t, t, device=x.device)
+        outs = []
+        if hr:
+            qn = normalize_qk(q[:, :hr], self.config.qk_norm)
+            kn = qn if self.share_qk else normalize_qk(k[:, :hr], self.config.qk_norm)
+            s = self.scale * qn @ kn.transpose(-1, -2)  # (B, H_r, T, T)
+            if keep is not None:
+                s = s.masked_fill(~keep, float("-inf"))
+            outs.append(torch.softmax(s, -1) @ v[:, :hr])
+        if self.n_local:
+            kl = k[:, k.shape[1] - self.n_local :]
+            s = q[:, hr:] @ kl.transpose(-1, -2) / math.sqrt(dh)
+            if keep is not None:
+                s = s.masked_fill(~keep, float("-inf"))
+            outs.append(torch.softmax(s, -1) @ v[:, hr:])
+        o = torch.cat(outs, dim=1).transpose(1, 2).reshape(b, t, h * dh)
+        return self.o_proj(o)
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        kv: Tensor | None = None,
+        mask: AttentionMask | None = None,
+        state: None = None,
+        positions: RoutingPlan | None = None,
+    ) -> AttentionOutput:
+        """x: (B, T, D) -> out (B, T, D); ``positions``: the :class:`RoutingPlan` from prepare.
+        In training: ``aux["commitment"]`` and ``updates`` ``{"ema_sums", "ema_counts"}``."""
+        check_attention_inputs(x, kv, self.dims.dim, mask)
+        if kv is not None or state is not None:
+            raise ValueError("routing attention takes neither kv nor state (self-attention only)")
+        if mask is not None and mask.causal != self.dims.causal:
+            raise ValueError(
+                f"this routing attention was built for causal={self.dims.causal}, got a mask "
+                f"with causal={mask.causal}"
+            )
+        if not isinstance(positions, RoutingPlan) or (
+            positions.local is not None and positions.local.padded < x.shape[1]
+        ):
+            raise ValueError("routing attention needs positions=RoutingPlan from its prepare()")
+        b, t, _ = x.shape
+        h, dh, hr = self.dims.n_heads, self.dims.head_dim, self.n_routing
+        real = None if mask is None else mask.key_padding
+        p = self.dims.dropout if self.training else 0.0
+        q, k, v = self._qkv(x)  # (B, T, H, Dh), (B, T, H_k, Dh) or None, (B, T, H, Dh)
+        outs: list[Tensor] = []
+        aux: dict[str, Tensor] = {}
+        updates: dict[str, Tensor] = {}
+        hl = self.n_local
+        # split, not slicing: the backward concatenates instead of zero-filling once per slice
+        q_r, q_l = q.split([hr, hl], dim=2)  # (B, T, H_r, Dh), (B, T, H_l, Dh)
+        v_r, v_l = v.split([hr, hl], dim=2)
+        k_r, k_l = None, k  # shared QK: k holds the local heads' keys only
+        if k is not None and not self.share_qk:
+            k_r, k_l = k.split([hr, hl], dim=2)
+        if hr:
+            kr = None if k_r is None else k_r.transpose(1, 2)  # (B, H_r, T, Dh)
+            o, aux, updates = self._routing(
+                q_r.transpose(1, 2).contiguous(),
+                kr,
+                v_r.transpose(1, 2).contiguous(),
+                real,
+                positions,
+                p,
+            )  # (B, H_r, T, Dh)
+            outs.append(o.transpose(1, 2))  # (B, T, H_r, Dh)
+        if hl:
+            q_l, k_l, v_l = q_l.contiguous(), k_l.contiguous(), v_l.contiguous()
+            o = local_attention(q_l, k_l, v_l, positions.local, key_padding=real, dropout_p=p)
+            outs.append(o)  # (B, T, H_l, Dh)
+        o = torch.cat(outs, dim=2).reshape(b, t, h * dh)
+        return AttentionOutput(out=self.o_proj(o), aux=aux, updates=updates)
+
+    def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor | None, Tensor]:
+        """The Q, K, V projections of x (B, T, D) as one matmul over the stacked weights (one
+        pass over x forward and backward instead of three)."""
+        b, t, _ = x.shape
+        dh = self.dims.head_dim
+        projs = [p for p in (self.q_proj, self.k_proj, self.v_proj) if p is not None]
+        weight = torch.cat([p.weight for p in projs])
+        bias = None if projs[0].bias is None else torch.cat([p.bias for p in projs])
+        sizes = [p.out_features for p in projs]
+        parts = F.linear(x, weight, bias).split(sizes, dim=-1)
+        q, v = parts[0], parts[-1]
+        k = parts[1] if self.k_proj is not None else None
+        q, v = q.view(b, t, -1, dh), v.view(b, t, -1, dh)
+        return q, (None if k is None else k.view(b, t, -1, dh)), v
+
+    def _routing(self, q, k, v, real, plan: RoutingPlan, dropout_p: float):
+        """q, k (or None: shared), v: (B, H_r, T, Dh) -> out (B, H_r, T, Dh), aux, updates."""
+        cfg = self.config
+        t = q.shape[2]
+        qn = normalize_qk(q, cfg.qk_norm)
+        kn = qn if k is None else normalize_qk(k, cfg.qk_norm)
+        mu = self.centroids().to(qn.dtype)  # (H_r, K, Dh)
+        w = self.cluster_window(t)
+        with torch.no_grad():
+            q_scores = qn @ mu.transpose(-1, -2)  # (B, H_r, T, K)
+            q_idx = route(q_scores.transpose(-1, -2), w, real)  # (B, H_r, K, w)
+            if k is None:
+                k_scores, k_idx = q_scores, q_idx
+            else:
+                k_scores = kn @ mu.transpose(-1, -2)
+                k_idx = route(k_scores.transpose(-1, -2), w, real)
+        out = routed_attention(
+            qn, kn, v, q_idx, k_idx, causal=plan.causal, real=real, scale=self.scale,
+            dropout_p=dropout_p,
+        )  # fmt: skip
+        if not self.training:
+            return out, {}, {}
+        weight = None if real is None else real.to(qn.dtype)
+        counts, sums, assign = kmeans_statistics(qn, mu, weight, scores=q_scores)
+        loss = self._commitment(qn, mu, assign, weight)
+        if k is not None:
+            k_counts, k_sums, k_assign = kmeans_statistics(kn, mu, weight, scores=k_scores)
+            counts, sums = (counts + k_counts) / 2, (sums + k_sums) / 2
+            loss = loss + self._commitment(kn, mu, k_assign, weight)
+        with torch.no_grad():
+            new_sums, new_counts = ema_update(
+                self.ema_sums, self.ema_counts, sums, counts, cfg.decay
+            )
+        aux = {"commitment": cfg.commitment * loss}
+        return out, aux, {"ema_sums": new_sums, "ema_counts": new_counts}
+
+    @staticmethod
+    def _commitment(x: Tensor, mu: Tensor, assign: Tensor, weight: Tensor | None) -> Tensor:
+        """mean over real tokens and channels of (x - sg(mu[assign]))^2; x (B, H, T, Dh)."""
+        b, h, t, dh = x.shape
+        target = (
+            mu.detach()[None].expand(b, h, -1, dh).gather(2, assign[..., None].expand(b, h, t, dh))
+        )  # (B, H, T, Dh)
+        if weight is None:
+            return F.mse_loss(x, target)
+        sq = (x - target).pow(2) * weight[:, None, :, None]
+        return sq.sum() / (weight.sum() * h * dh).clamp_min(1.0)
+
+
+register_attention(
+    "routing",
+    RoutingConfig,
+    RoutingAttention,
+    description="local heads + k-means routed heads with balanced clusters (Roy et al. 2020)",
+)

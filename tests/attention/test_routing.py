@@ -1,0 +1,501 @@
+"""Routing attention (Roy et al. 2020): the one-cluster limit is full causal attention on shared,
+normalised queries and keys; balanced routing takes exactly w sorted tokens per centroid; the
+scatter averages multiply-chosen tokens and zeroes unchosen ones (hand computation); no weight on
+later positions (shared and unshared QK); online k-means (hand arithmetic, convergence on
+unit-norm blobs, frozen in eval, outside the optimiser, exact under update averaging); the
+commitment loss reaches only q and k; skip_first; recomputation; 2-process DDP."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.testing import assert_close
+
+from effiformer import ConfigError, create_model, get_config
+from effiformer.attention import AttentionDims, AttentionMask, PrepareContext
+from effiformer.attention.routing import (
+    RoutingAttention,
+    RoutingConfig,
+    centroids_from,
+    ema_update,
+    kmeans_statistics,
+    normalize_qk,
+    route,
+    routed_attention,
+)
+from effiformer.config import parse_overrides
+from effiformer.models.transformer import VanillaConfig
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _part(config: RoutingConfig, *, dim=16, heads=2, causal=True, max_len=64, seed=0):
+    torch.manual_seed(seed)
+    dims = AttentionDims(dim, heads, dim // heads, causal=causal, max_len=max_len)
+    return RoutingAttention.from_config(config, dims)
+
+
+def _run(m, x, mask):
+    ctx = PrepareContext(
+        tq=x.shape[1], tk=x.shape[1], mask=mask, device=x.device, dtype=x.dtype, training=m.training
+    )
+    return m(x, mask=mask, positions=m.prepare(ctx, None))
+
+
+# ------------------------------------------------------------------------- attention limits
+
+
+@pytest.mark.parametrize("qk_norm,scale", [("layernorm", None), ("l2", 3.0)])
+def test_one_cluster_with_w_equal_n_is_full_causal_attention_under_shared_qk(qk_norm, scale):
+    t, dim, heads = 24, 16, 2
+    cfg = RoutingConfig(routing_heads=heads, clusters=1, qk_norm=qk_norm, scale=scale)
+    m = _part(cfg, dim=dim, heads=heads).double().eval()
+    assert m.share_qk and m.k_proj is None and m.n_local == 0
+    x = torch.randn(2, t, dim, dtype=torch.float64)
+    out = _run(m, x, AttentionMask(causal=True)).out
+    dh = dim // heads
+    q = m.q_proj(x).view(2, t, heads, dh).transpose(1, 2)
+    qn = F.layer_norm(q, (dh,), eps=1e-6) if qk_norm == "layernorm" else F.normalize(q, dim=-1)
+    v = m.v_proj(x).view(2, t, heads, dh).transpose(1, 2)
+    s = (1.0 if scale is None else scale) * qn @ qn.transpose(-1, -2)  # (B, H, T, T)
+    s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    want = m.o_proj((torch.softmax(s, -1) @ v).transpose(1, 2).reshape(2, t, dim))
+    assert_close(out, want, rtol=1e-10, atol=1e-10)
+
+
+def test_every_cluster_takes_exactly_w_sorted_tokens_by_score():
+    g = torch.Generator().manual_seed(0)
+    b, h, k, t, w = 2, 3, 5, 40, 7
+    scores = torch.randn(b, h, k, t, generator=g)
+    idx = route(scores, w)
+    assert idx.shape == (b, h, k, w) and idx.dtype == torch.int64
+    assert bool((idx[..., 1:] > idx[..., :-1]).all())  # sorted, distinct
+    for bi in range(b):
+        for hi in range(h):
+            for c in range(k):
+                best = set(scores[bi, hi, c].argsort(descending=True)[:w].tolist())
+                assert set(idx[bi, hi, c].tolist()) == best
+    real = torch.ones(b, t, dtype=torch.bool)
+    real[0, 30:] = False  # 30 real tokens >= w: padding is never chosen
+    real[1, 4:] = False  # 4 real tokens < w: all of them are chosen
+    idx = route(scores, w, real)
+    assert bool((idx[0] < 30).all())
+    for hi in range(h):
+        for c in range(k):
+            assert {0, 1, 2, 3} <= set(idx[1, hi, c].tolist())
+
+
+def test_scatter_averages_multiply_chosen_tokens_and_zeroes_unchosen_ones():
+    # T=5, two clusters of w=3: cluster 0 = {0, 2, 3}, cluster 1 = {2, 3, 4}; token 1 unchosen,
+    # tokens 2 and 3 chosen twice.
+    g = torch.Generator().manual_seed(1)
+    q = F.normalize(torch.randn(1, 1, 5, 3, generator=g, dtype=torch.float64), dim=-1)
+    v = torch.randn(1, 1, 5, 3, generator=g, dtype=torch.float64)
+    idx = torch.tensor([[[[0, 2, 3], [2, 3, 4]]]])
+    scale = 2.0
+    out = routed_attention(q, q, v, idx, idx, causal=True, scale=scale)[0, 0]
+
+    def attend(i, keys):  # by hand: softmax over the cluster's keys at positions <= i
+        keys = [j for j in keys if j <= i]
+        logits = [scale * float(q[0, 0, i] @ q[0, 0, j]) for j in keys]
+        z = sum(math.exp(a) for a in logits)
+        return sum(math.exp(a) / z * v[0, 0, j] for a, j in zip(logits, keys, strict=True))
+
+    c0, c1 = [0, 2, 3], [2, 3, 4]
+    want = torch.stack(
+        [
+            attend(0, c0),
+            torch.zeros(3, dtype=torch.float64),
+            (attend(2, c0) + attend(2, c1)) / 2,
+            (attend(3, c0) + attend(3, c1)) / 2,
+            attend(4, c1),
+        ]
+    )
+    assert_close(out, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_weights_on_later_positions_are_exactly_zero(shared):
+    # With v = I (Dh = T) each output row is the (cluster-averaged) attention weight row.
+    g = torch.Generator().manual_seed(2)
+    b, h, t, k, w = 2, 2, 16, 3, 6
+    q = normalize_qk(torch.randn(b, h, t, t, generator=g), "layernorm")
+    kk = q if shared else normalize_qk(torch.randn(b, h, t, t, generator=g), "layernorm")
+    mu = normalize_qk(torch.randn(h, k, t, generator=g), "layernorm")
+    q_idx = route(torch.einsum("bhtd,hkd->bhkt", q, mu), w)
+    k_idx = q_idx if shared else route(torch.einsum("bhtd,hkd->bhkt", kk, mu), w)
+    eye = torch.eye(t).expand(b, h, t, t)
+    weights = routed_attention(q, kk, eye, q_idx, k_idx, causal=True, scale=1.0)  # (B, H, T, T)
+    later = torch.ones(t, t, dtype=torch.bool).triu(1)
+    assert bool((weights[..., later] == 0).all())
+    assert bool((weights[..., ~later] > 0).any())  # not vacuous
+    rows = weights.sum(-1)
+    chosen = rows > 0
+    assert_close(rows[chosen], torch.ones_like(rows[chosen]))  # each row is a distribution
+    # The same through the module: a later token's value never reaches an earlier output.
+    cfg = RoutingConfig(routing_heads=2, clusters=3, cluster_window=6, share_qk=shared)
+    m = _part(cfg, dim=16, heads=2).double().eval()
+    x = torch.randn(2, t, 16, dtype=torch.float64)
+    base = _run(m, x, AttentionMask(causal=True)).out
+    xv = x.clone().requires_grad_()
+    out = _run(m, xv, AttentionMask(causal=True)).out
+    (grad,) = torch.autograd.grad(out[:, 7].sum(), xv)
+    assert bool((grad[:, 8:] == 0).all()) and bool((grad[:, :8] != 0).any())
+    assert_close(out, base, rtol=0, atol=0)
+
+
+def test_routing_heads_reach_beyond_the_local_window_through_their_cluster():
+    # q reads x[:4], v reads x[4:]: changing x[3, 4:] changes only v at position 3, so the
+    # output at position 50 (local reach 40..50) changes iff routing carries it there.
+    dim, dh = 8, 4
+    torch.manual_seed(0)
+    cfg = RoutingConfig(routing_heads=1, window=8, clusters=4, cluster_window=8)
+    m = _part(cfg, dim=dim, heads=2).double().eval()
+    with torch.no_grad():
+        for p in (m.q_proj, m.k_proj, m.v_proj):
+            p.weight.zero_()
+        m.q_proj.weight[:dh, :dh] = torch.eye(dh)
+        m.v_proj.weight[:dh, dh:] = torch.eye(dh)
+        m.v_proj.weight[dh:, dh:] = torch.eye(dh)
+        mu0 = m.centroids()[0, 0]
+    x = torch.randn(1, 64, dim, dtype=torch.float64) * 0.1
+    x[0, 3, :dh] = x[0, 50, :dh] = 5 * mu0 / mu0.norm()  # both top of centroid 0
+    x2 = x.clone()
+    x2[0, 3, dh:] += 1.0
+    mask = AttentionMask(causal=True)
+    a, b = _run(m, x, mask).out, _run(m, x2, mask).out
+    assert not torch.allclose(a[0, 50], b[0, 50])
+    local_only = _part(dataclasses.replace(cfg, routing_heads=0), dim=dim, heads=2).double().eval()
+    a, b = _run(local_only, x, mask).out, _run(local_only, x2, mask).out
+    assert_close(a[0, 16:], b[0, 16:], rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------------------- k-means
+
+
+def test_kmeans_ema_update_matches_hand_arithmetic():
+    x = torch.tensor([[[[1.0, 0.0], [0.8, 0.6], [0.0, 1.0], [0.6, 0.8]]]])  # (1, 1, 4, 2)
+    mu = torch.tensor([[[1.0, 0.0], [0.0, 1.0]]])
+    weight = torch.tensor([[1.0, 1.0, 1.0, 0.0]])  # the last token is padding
+    counts, sums, assign = kmeans_statistics(x, mu, weight)
+    assert assign.tolist() == [[[0, 0, 1, 1]]]
+    assert_close(counts, torch.tensor([[2.0, 1.0]]))
+    assert_close(sums, torch.tensor([[[1.8, 0.6], [0.0, 1.0]]]))
+    decay, eps = 0.9, 1e-5
+    s0, n0 = mu.clone(), torch.zeros(1, 2)  # the official start: S = initial centroids, N = 0
+    assert_close(centroids_from(s0, n0, eps), mu)  # before any update: the initial centroids
+    s1, n1 = ema_update(s0, n0, sums, counts, decay)
+    assert_close(s1, torch.tensor([[[0.9 + 0.18, 0.06], [0.0, 0.9 + 0.1]]]))
+    assert_close(n1, torch.tensor([[0.2, 0.1]]))
+    total = 0.2 + 0.1
+    smooth = [(0.2 + eps) / (total + 2 * eps) * total, (0.1 + eps) / (total + 2 * eps) * total]
+    want = torch.tensor([[[1.08 / smooth[0], 0.06 / smooth[0]], [0.0, 1.0 / smooth[1]]]])
+    assert_close(centroids_from(s1, n1, eps), want)
+
+
+def _blob_part(heads, dh, clusters, decay):
+    cfg = RoutingConfig(
+        routing_heads=heads, clusters=clusters, qk_norm="l2", decay=decay, cluster_window=8
+    )
+    m = _part(cfg, dim=heads * dh, heads=heads, seed=3)
+    with torch.no_grad():
+        m.q_proj.weight.copy_(torch.eye(heads * dh))  # q = x: the blobs are what is clustered
+    return m.train()
+
+
+def test_centroids_find_unit_norm_blobs_within_50_steps():
+    # 4 blobs per head, 8 centroids (k-means without reseeding can park a spare centroid
+    # between blobs from a random start; with spares every blob is found), decay 0.9.
+    heads, dh, n_blobs = 2, 16, 4
+    g = torch.Generator().manual_seed(0)
+    centres = F.normalize(torch.randn(heads, n_blobs, dh, generator=g), dim=-1)
+    m = _blob_part(heads, dh, 8, 0.9)
+    mask = AttentionMask(causal=True)
+    before = m.centroids().clone()
+    for _ in range(50):
+        lab = torch.randint(0, n_blobs, (4, 64, heads), generator=g)
+        x = centres[torch.arange(heads)[None, None, :], lab]  # (B, T, H, Dh)
+        x = F.normalize(x + 0.3 * torch.randn(x.shape, generator=g) / dh**0.5, dim=-1)
+        out = _run(m, x.reshape(4, 64, heads * dh), mask)
+        with torch.no_grad():
+            for name, value in out.updates.items():
+                getattr(m, name).copy_(value)
+    mu = F.normalize(m.centroids(), dim=-1)
+    cos = torch.einsum("hkd,hjd->hkj", mu, centres)  # (H, K, blobs)
+    used = m.ema_counts / m.ema_counts.sum(-1, keepdim=True)  # each centroid's share of tokens
+    assert float((cos.max(-1).values * used).sum(-1).min()) > 0.95  # used centroids sit on blobs
+    assert float(cos.max(-2).values.mean()) > 0.95  # and every blob has its centroid
+    start = torch.einsum("hkd,hjd->hkj", F.normalize(before, dim=-1), centres)
+    assert float(start.max(-2).values.mean()) < 0.8  # it was not there from the start
+
+
+def test_update_averaging_over_ranks_equals_the_all_reduced_ema():
+    # Two ranks (or micro-batches) average their updates; the official code all-reduces the
+    # statistics. With the state in per-contribution units (S/2, N/2) the averaged update is
+    # (S', N') / 2 of the official all-reduced EMA, so the centroids agree; averaging centroids
+    # would not.
+    heads, dh, k, decay = 2, 8, 4, 0.9
+    m = _blob_part(heads, dh, k, decay)
+    g = torch.Generator().manual_seed(5)
+    s = torch.randn(heads, k, dh, generator=g)
+    n = torch.rand(heads, k, generator=g) * 10 + 1
+    with torch.no_grad():
+        m.ema_sums.copy_(s / 2)
+        m.ema_counts.copy_(n / 2)
+    x1, x2 = (torch.randn(3, 32, heads * dh, generator=g) for _ in range(2))
+    mask = AttentionMask(causal=True)
+    u1, u2 = _run(m, x1, mask).updates, _run(m, x2, mask).updates
+    avg = {key: (u1[key] + u2[key]) / 2 for key in u1}
+    eps = m.config.epsilon
+    xn = F.normalize(torch.cat([x1, x2]).view(6, 32, heads, dh).transpose(1, 2), dim=-1)
+    counts, sums, _ = kmeans_statistics(xn, m.centroids())  # the global batch's statistics
+    s_all, n_all = ema_update(s, n, sums, counts, decay)  # all-reduce, then one EMA step
+    official = centroids_from(s_all, n_all, eps)
+    assert_close(centroids_from(avg["ema_sums"], avg["ema_counts"], eps), official)
+    naive = (
+        centroids_from(u1["ema_sums"], u1["ema_counts"], eps)
+        + centroids_from(u2["ema_sums"], u2["ema_counts"], eps)
+    ) / 2
+    assert not torch.allclose(naive, official, rtol=1e-3, atol=1e-3)
+
+
+def test_centroids_are_buffers_frozen_in_eval_and_outside_the_optimiser():
+    torch.manual_seed(0)
+    model = create_model("routing-tiny")
+    names = [n for n, _ in model.named_buffers() if ".ema_" in n]
+    assert names == ["blocks.1.attn.ema_sums", "blocks.1.attn.ema_counts"]
+    assert not any(".ema_" in n for n, _ in model.named_parameters())
+    assert set(names) <= set(model.state_dict())  # saved in checkpoints
+    ids = torch.randint(0, 256, (2, 64))
+    before = {n: b.clone() for n, b in model.named_buffers()}
+    model.eval()
+    out = model(ids, targets=ids)
+    assert out.updates == {} and out.aux == {}
+    model.train()
+    out = model(ids, targets=ids)
+    assert set(out.updates) == set(names) and set(out.aux) == {"blocks.1.commitment"}
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    out.total_loss.backward()
+    opt.step()
+    for n, b in model.named_buffers():
+        assert not b.requires_grad and b.grad is None
+        assert torch.equal(b, before[n]), n  # only apply_updates moves them
+    model.apply_updates(out.updates)
+    assert not torch.equal(model.blocks[1].attn.ema_counts, before["blocks.1.attn.ema_counts"])
+    assert_close(model.blocks[1].attn.ema_sums, out.updates["blocks.1.attn.ema_sums"])
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_commitment_loss_reaches_only_q_and_k(shared):
+    cfg = RoutingConfig(routing_heads=1, window=8, clusters=4, share_qk=shared)
+    m = _part(cfg, dim=16, heads=2).train()
+    x = torch.randn(2, 32, 16, requires_grad=True)
+    out = _run(m, x, AttentionMask(causal=True))
+    (out.aux["commitment"] / m.config.commitment).backward()
+    dh = 8
+    gq = m.q_proj.weight.grad
+    assert gq[:dh].abs().sum() > 0 and bool((gq[dh:] == 0).all())  # routing head's q only
+
+    def untouched(p):  # no gradient (None, or exact zeros: Q, K, V share one matmul)
+        return p.grad is None or bool((p.grad == 0).all())
+
+    gk = m.k_proj.weight.grad
+    if shared:
+        assert untouched(m.k_proj.weight)  # keys of the local head
+    else:
+        assert gk[:dh].abs().sum() > 0 and bool((gk[dh:] == 0).all())
+    assert untouched(m.v_proj.weight) and m.o_proj.weight.grad is None
+    assert x.grad is not None and x.grad.abs().sum() > 0  # through q (and k) to the input
+
+
+def test_skip_first_layers_are_all_local():
+    cfg = get_config("routing-pg19").attention
+    heads = [cfg.for_layer(i, 22).routing_heads for i in range(22)]
+    assert heads == [0] * 21 + [2]  # only the last layer routes
+    torch.manual_seed(0)
+    model = create_model("routing-tiny")
+    first, second = model.blocks[0].attn, model.blocks[1].attn
+    assert first.n_routing == 0 and first.n_local == 2 and not hasattr(first, "ema_sums")
+    assert second.n_routing == 1 and second.n_local == 1 and second.ema_sums.shape == (1, 4, 32)
+
+
+def test_named_configurations_follow_the_released_hyperparameters():
+    e = get_config("routing-enwik8")
+    assert (e.n_layers, e.dim, e.n_heads, e.seq_len, e.vocab_size) == (12, 1024, 8, 8192, 256)
+    a = e.attention
+    assert (a.routing_heads, a.clusters, a.cluster_window, a.window, a.skip_first) == (
+        4, 16, 512, 256, 0
+    )  # fmt: skip
+    assert (a.decay, a.commitment, a.share_qk, a.qk_norm) == (0.999, 1e-4, None, "layernorm")
+    w = get_config("routing-wikitext103")
+    assert (w.n_layers, w.dim, w.embed_dim, w.n_heads, w.dropout) == (14, 1024, 256, 16, 0.4)
+    assert (w.attention.routing_heads, w.attention.clusters, w.attention.cluster_window) == (
+        8, 8, 512
+    )  # fmt: skip
+    p = get_config("routing-pg19")
+    assert (p.n_layers, p.dim, p.n_heads, p.head_dim, p.ffn_dim) == (22, 1032, 8, 129, 4096)
+    s, v = get_config("routing-small"), get_config("vanilla-small")
+    assert (s.dim, s.n_heads, s.n_layers, s.ffn_dim, s.seq_len) == (
+        v.dim, v.n_heads, v.n_layers, v.ffn_dim, v.seq_len
+    )  # fmt: skip
+
+
+def test_recomputation_keeps_the_first_forwards_updates_and_gradients():
+    ids = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(0))
+    outs, grads = [], []
+    for recompute in (False, True):
+        torch.manual_seed(0)
+        model = create_model("routing-tiny", recompute=recompute).train()
+        out = model(ids, targets=ids)
+        out.total_loss.backward()
+        outs.append(out)
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    assert set(outs[0].updates) == set(outs[1].updates)
+    for key in outs[0].updates:
+        assert_close(outs[1].updates[key], outs[0].updates[key], rtol=0, atol=0)
+    for n in grads[0]:
+        assert_close(grads[1][n], grads[0][n], rtol=1e-6, atol=1e-7)
+
+
+def test_config_errors_name_the_field():
+    cases = [
+        (dict(window=0), "attention.window"),
+        (dict(clusters=0), "attention.clusters"),
+        (dict(cluster_window=-1), "attention.cluster_window"),
+        (dict(routing_heads=-1), "attention.routing_heads"),
+        (dict(qk_norm="cosine"), "attention.qk_norm"),
+        (dict(decay=1.0), "attention.decay"),
+        (dict(epsilon=0.0), "attention.epsilon"),
+        (dict(scale=0.0), "attention.scale"),
+    ]
+    for kwargs, field in cases:
+        with pytest.raises(ConfigError, match=field):
+            RoutingConfig(**kwargs)
+    with pytest.raises(ConfigError, match="routing_heads=3 exceeds the model's n_heads=2"):
+        create_model("routing-tiny", **{"attention.routing_heads": 3})
+    over = parse_overrides(
+        get_config("routing-tiny"), ["attention.share_qk=false", "attention.clusters=none"]
+    )
+    assert over["attention"].share_qk is False and over["attention"].clusters is None
+    over = parse_overrides(VanillaConfig, ["attention.name=routing", "attention.qk_norm=l2"])
+    assert over["attention"] == RoutingConfig(qk_norm="l2")
+
+
+# ------------------------------------------------------------------------------------ DDP
+
+WORKER = Path(__file__).with_name("routing_ddp_worker.py")
+
+
+def test_two_process_ddp_keeps_the_centroids_identical(tmp_path):
+    text = tmp_path / "text.txt"
+    words = ["to", "be", "or", "not", "that", "is", "the", "question"]
+    g = torch.Generator().manual_seed(0)
+    text.write_text(
+        "\n".join(
+            " ".join(words[i] for i in torch.randint(0, 8, (9,), generator=g)) for _ in range(300)
+        )
+    )
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
+    env["OMP_NUM_THREADS"] = "1"
+    one = [sys.executable, str(WORKER), str(text), str(tmp_path / "one"), "2"]
+    two = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+        str(WORKER), str(text), str(tmp_path / "two"), "1",
+    ]  # fmt: skip
+    for cmd in (one, two):
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    r0 = torch.load(tmp_path / "two" / "rank0.pt")
+    r1 = torch.load(tmp_path / "two" / "rank1.pt")
+    single = torch.load(tmp_path / "one" / "rank0.pt")
+    init = torch.load(tmp_path / "one" / "init.pt")
+    assert set(r0) == set(r1) == set(single) and r0
+    for key in r0:
+        assert torch.equal(r0[key], r1[key]), key  # identical on both processes
+        # the same as one process taking the same global batch in two micro-batches
+        assert_close(r0[key], single[key], rtol=1e-5, atol=1e-6)
+        assert not torch.allclose(r0[key], init[key])  # and they did move
+
+
+# ------------------------------------------------------------------------------- bench
+
+
+def _spec(name: str, t: int, **overrides):
+    from effiformer.bench.references import CellSpec
+
+    config = get_config(name, seq_len=t, **overrides)
+    return CellSpec(
+        name=name, config=config, part="attention", seq_len=t, batch=1,
+        device=torch.device("cpu"), dtype=torch.float32,
+    )  # fmt: skip
+
+
+def test_reference_row_takes_the_clusters_and_window_of_our_first_layer():
+    from effiformer.bench import routing_references as rr
+    from effiformer.bench.references import list_references
+
+    rows = [r for r in list_references() if r.name == "routing-transformer"]
+    assert {r.target for r in rows} >= {"routing-small", "routing-enwik8"}
+    spec = _spec("routing-small", 4096, **{"attention.window": 256})
+    shape = rr.routing_layer_shape(spec)
+    torch.manual_seed(0)
+    part = create_model("routing-small", seq_len=4096, **{"attention.window": 256}).blocks[0].attn
+    assert shape == {
+        "routing_heads": part.n_routing,
+        "local_heads": part.n_local,
+        "clusters": part.n_clusters,
+        "cluster_window": part.cluster_window(4096),
+        "window": 256,
+        "share_qk": part.share_qk,
+    }
+    assert (shape["clusters"], shape["cluster_window"]) == (64, 64)
+    with pytest.raises(ValueError, match="routing attention only"):
+        rr.routing_layer_shape(_spec("vanilla-small", 256))
+    with pytest.raises(ValueError, match="no routing heads"):
+        rr.routing_layer_shape(_spec("routing-tiny", 128))  # skip_first=1
+    pytest.importorskip("routing_transformer")
+    wl = rr.routing_transformer_reference(_spec("routing-small", 512))
+    out = wl.forward()
+    assert out.shape == (1, 512, 256)
+    wl.step_loss(out).backward()
+
+
+def test_routing_vs_vanilla_script_records_both_models(tmp_path):
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "routing_vs_vanilla.py"
+    spec = importlib.util.spec_from_file_location("bench_routing_vs_vanilla", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    threads = torch.get_num_threads()
+    try:
+        assert module.main([
+            "--steps", "2", "--seq-len", "32", "--batch", "2", "--window", "8",
+            "--eval-tokens", "128", "--eval-batch", "2", "--out", str(tmp_path),
+            "--set", "dim=32", "n_heads=2", "n_layers=1", "ffn_dim=64",
+        ]) == 0  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    lines = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert lines[0]["kind"] == "environment"
+    assert [r["model"] for r in lines[1:]] == ["vanilla-small", "routing-small"]
+    assert all(r["steps"] == 2 and r["val_bpc"] > 0 for r in lines[1:])
