@@ -79,6 +79,10 @@ class DenseAttention(AttentionPart):
         m.config, m.dims = config, dims
         return m
 
+    def init_decoding_state(self, batch: int, *, device=None, dtype=None) -> KVCache:
+        """An empty :class:`~effiformer.attention.base.KVCache` (B, H, 0, Dh)."""
+        return KVCache.empty(batch, self.n_heads, self.head_dim, device=device, dtype=dtype)
+
     def _heads(self, t: Tensor) -> Tensor:
         b, n, _ = t.shape
         return t.view(b, n, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
