@@ -231,6 +231,10 @@ class SubwordTokenizer:
         atomic_write_bytes(p, self._tok.to_str(pretty=False).encode("utf-8"))
         return p
 
+    def to_bytes(self) -> bytes:
+        """The ``tokenizer.json`` that :meth:`save` writes, as bytes (a checkpoint artifact)."""
+        return self._tok.to_str(pretty=False).encode("utf-8")
+
     @classmethod
     def load(cls, path: PathLike) -> SubwordTokenizer:
         """Read a tokenizer saved by :meth:`save`: a ``tokenizer.json`` file or a directory (for

@@ -203,16 +203,21 @@ def shift_right(targets: Tensor, bos_id: int, pad_id: int) -> Tensor:
 
 
 def label_smoothed_nll(
-    logits: Tensor, targets: Tensor, epsilon: float, *, ignore: Sequence[int] = (IGNORE_INDEX,)
-) -> tuple[Tensor, Tensor]:
-    """Label-smoothed cross-entropy in fairseq's formulation, and the plain NLL.
+    logits: Tensor,
+    targets: Tensor,
+    epsilon: float,
+    *,
+    ignore: Sequence[int] = (IGNORE_INDEX,),
+    with_nll: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Label-smoothed cross-entropy in fairseq's formulation (and the plain NLL on request).
 
     logits (..., V), targets (...): per target ``(1 - eps - eps/(V-1)) * nll + eps/(V-1) *
     sum_v -log p_v``, i.e. cross-entropy against ``1 - eps`` on the gold token and ``eps/(V-1)``
     on each other one (fairseq ``label_smoothed_nll_loss``). Targets equal to any of ``ignore``
-    are left out. Returns ``(loss, nll)``: means over the counted targets, in nats. This equals
-    ``F.cross_entropy(label_smoothing=eps * V / (V - 1))`` (PyTorch spreads its epsilon over all
-    V classes), which is what computes it.
+    are left out. Returns ``(loss, nll)``: means over the counted targets, in nats; ``nll`` is
+    None unless ``with_nll``. The loss equals ``F.cross_entropy(label_smoothing=eps * V /
+    (V - 1))`` (PyTorch spreads its epsilon over all V classes), which is what computes it.
     """
     v = logits.shape[-1]
     flat_logits = logits.reshape(-1, v).float()
@@ -221,14 +226,15 @@ def label_smoothed_nll(
     for i in ignore:
         ignored |= flat == i
     flat = flat.masked_fill(ignored, IGNORE_INDEX)
-    smoothing = epsilon * v / (v - 1) if v > 1 else 0.0
-    loss = F.cross_entropy(
-        flat_logits, flat, ignore_index=IGNORE_INDEX, label_smoothing=min(smoothing, 1.0)
-    )
-    if epsilon == 0.0:
-        return loss, loss
-    with torch.no_grad():
-        nll = F.cross_entropy(flat_logits, flat, ignore_index=IGNORE_INDEX)
+    smoothing = min(epsilon * v / (v - 1), 1.0) if v > 1 else 0.0
+    loss = F.cross_entropy(flat_logits, flat, ignore_index=IGNORE_INDEX, label_smoothing=smoothing)
+    nll = None
+    if with_nll:
+        if epsilon == 0.0:
+            nll = loss.detach()
+        else:
+            with torch.no_grad():
+                nll = F.cross_entropy(flat_logits, flat, ignore_index=IGNORE_INDEX)
     return loss, nll
 
 
