@@ -1,5 +1,6 @@
 """Evaluation metrics, computed by the libraries GLUE's own evaluation uses: scikit-learn
-(``accuracy_score``, ``f1_score``, ``matthews_corrcoef``) and SciPy (``pearsonr``, ``spearmanr``).
+(``accuracy_score``, ``f1_score``, ``matthews_corrcoef``) and SciPy (``pearsonr``, ``spearmanr``);
+translation metrics from sacreBLEU (Post 2018, arXiv 1804.08771), :func:`translation_scores`.
 
 Every function takes ``(pred, target)`` 1-D sequences of the same length and checks them at this
 boundary (shapes, empty input, binary labels for F1 and MCC); the arithmetic is the libraries'.
@@ -27,6 +28,7 @@ __all__ = [
     "matthews_corrcoef",
     "pearson",
     "spearman",
+    "translation_scores",
 ]
 
 ArrayLike = Sequence[float] | np.ndarray
@@ -114,3 +116,27 @@ def glue_metrics(task: str, pred: ArrayLike, target: ArrayLike) -> dict[str, flo
     STS-B."""
     spec = glue_spec(task)
     return {m: METRICS[m](np.asarray(pred), np.asarray(target)) for m in spec.metrics}
+
+
+def translation_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
+    """``{"bleu", "chrf", "bleu_signature", "chrf_signature"}`` of detokenized ``hypotheses``
+    against ``references`` (one per hypothesis) with sacreBLEU's defaults (BLEU: 13a
+    tokenization, mixed case, exponential smoothing; chrF: character 6-grams, beta 2); the
+    signatures say exactly how a published figure was computed."""
+    from sacrebleu.metrics import BLEU, CHRF
+
+    if len(hypotheses) != len(references):
+        raise ValueError(
+            f"one reference per hypothesis: {len(hypotheses)} hypotheses, {len(references)} "
+            "references"
+        )
+    if not hypotheses:
+        raise ValueError("no hypotheses to score")
+    bleu, chrf = BLEU(), CHRF()
+    hyps, refs = list(hypotheses), [list(references)]
+    return {
+        "bleu": bleu.corpus_score(hyps, refs).score,
+        "chrf": chrf.corpus_score(hyps, refs).score,
+        "bleu_signature": str(bleu.get_signature()),
+        "chrf_signature": str(chrf.get_signature()),
+    }

@@ -32,6 +32,7 @@ __all__ = [
     "COMPRESSIVE_RECIPE",
     "FUNNEL_RECIPE",
     "VANILLA_RECIPE",
+    "SEQ2SEQ_RECIPE",
     "XL_RECIPE",
     "NO_DECAY_RULES",
     "OPTIMIZERS",
@@ -196,6 +197,24 @@ FUNNEL_RECIPE = TrainRecipe(
     min_lr_ratio=0.0,
     clip=1.0,
     steps=1_000_000,
+)
+
+#: Transformer translation (Vaswani et al. 2017, arXiv 1706.03762, sec. 5.3; fairseq's
+#: ``inverse_sqrt``): Adam betas (0.9, 0.98), eps 1e-9, linear warmup over 4,000 steps to
+#: d^-0.5 * 4000^-0.5 (7e-4 at d 512) and decay with the inverse square root of the step; no
+#: weight decay, no clipping. Label smoothing (0.1) and dropout (0.1) are model-config fields.
+SEQ2SEQ_RECIPE = TrainRecipe(
+    name="seq2seq",
+    source="Vaswani et al. 2017, sec. 5.3 (fairseq inverse_sqrt)",
+    optimizer="adam",
+    lr=7e-4,
+    betas=(0.9, 0.98),
+    eps=1e-9,
+    weight_decay=0.0,
+    warmup=4000,
+    schedule="inverse_sqrt",
+    clip=None,
+    steps=100_000,
 )
 
 _RECIPES: dict[str, TrainRecipe] = {}

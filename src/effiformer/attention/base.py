@@ -42,6 +42,7 @@ layer exactly. ``updates`` computed during a recomputation are discarded by the 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,6 +64,7 @@ __all__ = [
     "dense_bool_mask",
     "keep_init",
     "keeps_init",
+    "map_tensors",
     "reference_attention",
 ]
 
@@ -146,6 +148,24 @@ class KVCache:
 
     def extend(self, k: Tensor, v: Tensor) -> KVCache:
         return KVCache(torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2))
+
+
+def map_tensors(obj: Any, fn) -> Any:
+    """``fn`` applied to every tensor in a nest of tuples, lists, dicts and dataclasses (decoding
+    states); everything else is returned as is. Frozen dataclasses are rebuilt with
+    ``dataclasses.replace``."""
+    if isinstance(obj, Tensor):
+        return fn(obj)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
+        return type(obj)(*(map_tensors(o, fn) for o in obj))
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(map_tensors(o, fn) for o in obj)
+    if isinstance(obj, dict):
+        return {k: map_tensors(v, fn) for k, v in obj.items()}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        changes = {f.name: map_tensors(getattr(obj, f.name), fn) for f in dataclasses.fields(obj)}
+        return dataclasses.replace(obj, **changes)
+    return obj
 
 
 def check_attention_inputs(
@@ -297,6 +317,30 @@ class AttentionPart(nn.Module):
 
     # A part may define ``after_optimizer_step(self) -> None``: the trainer calls it on every
     # module after each optimiser step (parameter constraints such as Adaptive Span's clamp).
+
+    # ---- incremental decoding ---------------------------------------------------------------
+
+    def init_decoding_state(
+        self, batch: int, *, device: torch.device | None = None, dtype: torch.dtype | None = None
+    ) -> Any:
+        """The state causal incremental decoding starts from (nothing fed yet).
+
+        A part that supports decoding returns it here and, called with ``state=``, attends over
+        everything fed since (queries aligned to the last keys, as every causal mask here) and
+        returns the next state in ``AttentionOutput.state``: dense attention a
+        :class:`KVCache`, a convolution branch its buffer of past inputs. Every tensor in a
+        decoding state keeps the batch rows on dim 0, so :meth:`reorder_decoding_state` can pick
+        rows (beam search). Default: this part cannot decode incrementally."""
+        raise NotImplementedError(
+            f"attention {getattr(self.config, 'name', type(self).__name__)!r} has no incremental "
+            "decoding state (init_decoding_state); generation needs a causal self-attention that "
+            "implements it, e.g. 'dense'"
+        )
+
+    def reorder_decoding_state(self, state: Any, index: Tensor) -> Any:
+        """The decoding state of rows ``index`` (R',) of ``state``, in that order (beam search
+        keeps the best continuations). Default: ``index_select(0, index)`` on every tensor."""
+        return map_tensors(state, lambda t: t.index_select(0, index))
 
     def memory_len(self, configured: int) -> int:
         """How many past states this layer's memory keeps, given the model's configured

@@ -79,8 +79,8 @@ class DenseAttention(AttentionPart):
         m.config, m.dims = config, dims
         return m
 
-    def init_cache(self, batch: int, device=None, dtype=None) -> KVCache:
-        """An empty decoding cache for this layer (incremental decoding)."""
+    def init_decoding_state(self, batch: int, *, device=None, dtype=None) -> KVCache:
+        """An empty :class:`~effiformer.attention.base.KVCache` (B, H, 0, Dh)."""
         return KVCache.empty(batch, self.n_heads, self.head_dim, device=device, dtype=dtype)
 
     def _heads(self, t: Tensor) -> Tensor:

@@ -2,7 +2,8 @@
 
 ``load_corpus(path, format)`` reads ``enwik8``, ``text8``, ``ptb``, ``ptb-char``, ``wikitext``
 or ``text`` into a :class:`Corpus` (three 1-D id tensors, a :class:`Vocab`, a fingerprint);
-``embedded_corpus()`` needs no files. :class:`StreamBatcher`, :class:`WindowBatcher` and
+``embedded_corpus()`` needs no files. Translation: :class:`ParallelData` (aligned files by split
+and language), :func:`train_joint_tokenizer`, :class:`TokenBatcher` (token-budget batches). :class:`StreamBatcher`, :class:`WindowBatcher` and
 :func:`eval_batches` turn a split into ``(x, y)`` batches of shape ``(B, T)``.
 """
 
@@ -21,9 +22,25 @@ from .corpora import (
     read_text8,
     read_wikitext,
 )
+from .parallel import (
+    ParallelData,
+    ParallelDataError,
+    ParallelSplit,
+    TokenBatcher,
+    read_lines,
+    read_parallel,
+    train_joint_tokenizer,
+)
 
 __all__ = [
     "FORMATS",
+    "ParallelData",
+    "ParallelDataError",
+    "ParallelSplit",
+    "TokenBatcher",
+    "read_lines",
+    "read_parallel",
+    "train_joint_tokenizer",
     "Corpus",
     "CorpusError",
     "StreamBatcher",

@@ -11,6 +11,13 @@ Dai et al. 2020, arXiv 2006.03236, and its official code):
   Pass ``cls_token_type_id=0`` to :meth:`SubwordTokenizer.encode` for the BERT convention;
 * text is NFD-normalised, accents stripped and lowercased by default (BERT uncased).
 
+For translation, ``train(..., algorithm="bpe", text="raw")`` keeps the text as it is (NFC
+normalisation only: case and accents stay) and splits it only at spaces and around punctuation
+(``▁`` marks a word start, SentencePiece style), so ``decode(encode_ids(s))`` gives ``s`` back
+for any text made of characters seen in training (sacreBLEU scores detokenized text). The same
+special tokens serve: ``[CLS]`` is the decoder's BOS (:attr:`SubwordTokenizer.bos_id`) and
+``[SEP]`` the EOS (:attr:`SubwordTokenizer.eos_id`), i.e. ``[CLS] y [SEP]``.
+
 Truncation is "longest first" (drop the last token of the longer segment until the pair fits),
 as in HF ``truncation="longest_first"``. The tokenizer is saved as one HF ``tokenizer.json``
 (the post-processor in the file encodes the same template, so HF ``PreTrainedTokenizerFast`` can
@@ -57,6 +64,7 @@ CLS_TOKEN_TYPE_ID = 2
 TOKENIZER_FILE = "tokenizer.json"
 
 Algorithm = Literal["wordpiece", "bpe"]
+TextMode = Literal["bert", "raw"]
 PathLike = str | os.PathLike[str]
 
 
@@ -91,6 +99,8 @@ class SubwordTokenizer:
     cls_id = CLS_ID
     sep_id = SEP_ID
     mask_id = MASK_ID
+    bos_id = CLS_ID  # sequence-to-sequence: the decoder starts from [CLS] ...
+    eos_id = SEP_ID  # ... and every sentence ends in [SEP]
     special_ids: tuple[int, ...] = tuple(range(len(SPECIAL_TOKENS)))
 
     def __init__(self, tokenizer: Tokenizer, *, source: str = "<memory>") -> None:
@@ -117,6 +127,7 @@ class SubwordTokenizer:
         algorithm: Algorithm = "wordpiece",
         lowercase: bool = True,
         min_frequency: int = 2,
+        text: TextMode = "bert",
     ) -> SubwordTokenizer:
         """Train on ``texts`` (an iterable of strings: lines, sentences or documents).
 
@@ -125,6 +136,11 @@ class SubwordTokenizer:
         continuation pieces start with ``##``) or ``"bpe"`` (Sennrich et al. 2016; word-initial
         pieces start with ``▁`` as in SentencePiece). Both split on whitespace and punctuation first
         (BERT pre-tokenizer), so decoded text has spaces around punctuation.
+
+        ``text="raw"`` (BPE only; translation): NFC normalisation instead of BERT's (lowercased
+        only with ``lowercase=True``, accents kept), split at spaces (``▁`` starts a word) and
+        around punctuation without losing where the spaces were, so decoding restores the text
+        exactly.
 
         Reproducibility: with ``tokenizers`` 0.23 WordPiece training is *not* bit-reproducible
         across processes (count ties are broken in hash-map order; huggingface/tokenizers#1794),
@@ -155,17 +171,32 @@ class SubwordTokenizer:
             )
         else:
             raise ValueError(f"algorithm must be 'wordpiece' or 'bpe', got {algorithm!r}")
-        tok.normalizer = normalizers.BertNormalizer(
-            clean_text=True, handle_chinese_chars=True, strip_accents=lowercase, lowercase=lowercase
-        )
-        if algorithm == "wordpiece":
-            tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-            tok.decoder = decoders.WordPiece(prefix="##")
-        else:  # word starts carry "▁" (SentencePiece style), so decoding restores the spaces
+        if text not in ("bert", "raw"):
+            raise ValueError(f"text must be 'bert' or 'raw', got {text!r}")
+        if text == "raw":
+            if algorithm != "bpe":
+                raise ValueError("text='raw' needs algorithm='bpe'")
+            steps = [normalizers.NFC()] + ([normalizers.Lowercase()] if lowercase else [])
+            tok.normalizer = normalizers.Sequence(steps)
             tok.pre_tokenizer = pre_tokenizers.Sequence(
-                [pre_tokenizers.BertPreTokenizer(), pre_tokenizers.Metaspace()]
+                [pre_tokenizers.Metaspace(), pre_tokenizers.Punctuation("isolated")]
             )
             tok.decoder = decoders.Metaspace()
+        else:
+            tok.normalizer = normalizers.BertNormalizer(
+                clean_text=True,
+                handle_chinese_chars=True,
+                strip_accents=lowercase,
+                lowercase=lowercase,
+            )
+            if algorithm == "wordpiece":
+                tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+                tok.decoder = decoders.WordPiece(prefix="##")
+            else:  # word starts carry "▁" (SentencePiece style), so decoding restores the spaces
+                tok.pre_tokenizer = pre_tokenizers.Sequence(
+                    [pre_tokenizers.BertPreTokenizer(), pre_tokenizers.Metaspace()]
+                )
+                tok.decoder = decoders.Metaspace()
         n = 0
 
         def _iter() -> Iterable[str]:
@@ -199,6 +230,10 @@ class SubwordTokenizer:
             p = p / TOKENIZER_FILE
         atomic_write_bytes(p, self._tok.to_str(pretty=False).encode("utf-8"))
         return p
+
+    def to_bytes(self) -> bytes:
+        """The ``tokenizer.json`` that :meth:`save` writes, as bytes (a checkpoint artifact)."""
+        return self._tok.to_str(pretty=False).encode("utf-8")
 
     @classmethod
     def load(cls, path: PathLike) -> SubwordTokenizer:

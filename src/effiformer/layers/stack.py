@@ -205,7 +205,7 @@ class LayerStack(nn.Module):
                 layer_aux: dict[str, Tensor] = {}
                 if self.memory is not None:
                     kv = self.memory.keys(i, block, x, mem)
-                tk = (x if kv is None else kv).shape[1]
+                tk = ctx_i.tk if kv is None else kv.shape[1]  # ctx.tk counts a decoding cache
                 positions = self._prepared(i, ctx_i, tk, cache)
                 if self.memory is not None:
                     mem, layer_aux = self.memory.update(

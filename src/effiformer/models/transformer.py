@@ -29,7 +29,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..attention import AttentionConfig, AttentionDims, AttentionMask, DenseConfig, PrepareContext
+from ..attention import (
+    AttentionConfig,
+    AttentionDims,
+    AttentionMask,
+    AttentionPart,
+    DenseConfig,
+    PrepareContext,
+)
 from ..attention.base import keeps_init
 from ..attention.registry import build_attention
 from ..attention.sparse import SparseConfig
@@ -244,10 +251,10 @@ class Transformer(EffiModel):
         """Per-layer KV caches when every layer's attention keeps one (dense does), else
         ``None`` (generation then recomputes the window for every token)."""
         attns = [block.attn for block in self.blocks]
-        if not self.config.causal or not all(hasattr(a, "init_cache") for a in attns):
+        if not self.config.causal or not all(_decodes(a) for a in attns):
             return None
         dtype = next(self.parameters()).dtype
-        return tuple(a.init_cache(batch_size, device=device, dtype=dtype) for a in attns)
+        return tuple(a.init_decoding_state(batch_size, device=device, dtype=dtype) for a in attns)
 
     def decoding_room(self, state: Any) -> int | None:
         return self.config.seq_len - getattr(state[0], "length", 0)
@@ -257,6 +264,13 @@ class Transformer(EffiModel):
         t = x.shape[1]
         ctx = PrepareContext(tq=t, tk=t, mask=mask, device=x.device, dtype=x.dtype, training=True)
         return self.blocks.attention_part(x, mask=mask, ctx=ctx)
+
+
+def _decodes(attn: nn.Module) -> bool:
+    """Whether ``attn`` keeps an incremental-decoding state (overrides the base's refusal)."""
+    fn = getattr(type(attn), "init_decoding_state", None)
+    base = getattr(AttentionPart, "init_decoding_state", None)
+    return fn is not None and fn is not base
 
 
 def build_vanilla(config: VanillaConfig) -> Transformer:

@@ -1,0 +1,187 @@
+"""The translation task: batches, training through the shared trainer, exact resume, evaluation
+with sacreBLEU, the run-directory functions behind `effiformer eval` / `translate`, bad input."""
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from effiformer import create_model
+from effiformer.data import ParallelData, ParallelDataError
+from effiformer.data.tokenizer import TokenizerError
+from effiformer.tasks import Task
+from effiformer.tasks.translation import (
+    TranslationTask,
+    evaluate_run,
+    load_translation_run,
+    translate_file,
+)
+from effiformer.train import TrainConfig, train
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+WORDS = {"man": "Mann", "dog": "Hund", "red": "rot", "big": "groß", "runs": "läuft", "a": "ein"}
+
+
+def _pairs(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    keys = list(WORDS)
+    src, tgt = [], []
+    for _ in range(n):
+        k = int(torch.randint(2, 7, (1,), generator=g))
+        words = [keys[int(i)] for i in torch.randint(0, len(keys), (k,), generator=g)]
+        src.append(" ".join(words) + ".")
+        tgt.append(" ".join(WORDS[w] for w in words) + ".")
+    return src, tgt
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    d = tmp_path_factory.mktemp("para")
+    for split, n, seed in (("train", 300, 0), ("val", 20, 1), ("test_2016_flickr", 15, 2)):
+        src, tgt = _pairs(n, seed)
+        (d / f"{split}.en").write_text("\n".join(src) + "\n")
+        (d / f"{split}.de").write_text("\n".join(tgt) + "\n")
+    return d
+
+
+def _task(folder, **kw):
+    kw.setdefault("vocab_size", 100)
+    kw.setdefault("max_tokens", 200)
+    return TranslationTask(ParallelData(folder, "en", "de"), **kw)
+
+
+def _model(task, **over):
+    torch.manual_seed(0)
+    return create_model("seq2seq-tiny", vocab_size=task.tokenizer.vocab_size, **over)
+
+
+def _config(tmp_path, **kw):
+    base = dict(steps=4, lr=3e-3, warmup=1, eval_every=None, progress=False, device="cpu")
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def test_batches_hold_shifted_targets_under_the_token_budget(folder):
+    task = _task(folder)
+    assert isinstance(task, Task)
+    model = _model(task)
+    it = task.train_batches(model)
+    tok = task.tokenizer
+    for _ in range(5):
+        b = next(it)
+        src, tgt_in, tgt = b.data["input_ids"], b.data["tgt_in"], b.data["targets"]
+        assert max(src.shape[1], tgt.shape[1]) * src.shape[0] <= 200
+        assert (tgt_in[:, 0] == tok.bos_id).all()
+        for i in range(len(tgt)):  # tgt_in = BOS y, targets = y EOS
+            n = int((tgt[i] != tok.pad_id).sum())
+            assert tgt[i, n - 1] == tok.eos_id
+            assert torch.equal(tgt_in[i, 1:n], tgt[i, : n - 1])
+        assert ((src == tok.eos_id).sum(1) == 1).all()
+    rows = [next(task.train_batches(model, r, 2)).data["input_ids"].shape[0] for r in (0, 1)]
+    assert abs(rows[0] - rows[1]) <= 1
+
+
+def test_trains_evaluates_and_resumes_exactly(folder, tmp_path):
+    task = _task(folder)
+    model = _model(task)
+    cfg = _config(tmp_path, steps=4, out_dir=str(tmp_path / "a"), checkpoint_every=2)
+    full = train(model, task, dataclasses.replace(cfg, keep_checkpoints=None))
+    ckpt = Path(full.checkpoint)
+    assert (ckpt / "tokenizer.json").is_file()
+    assert json.loads((ckpt / "translation.json").read_text()) == {"src": "en", "tgt": "de"}
+    meta = json.loads((ckpt / "meta.json").read_text())
+    assert meta["task"]["task"] == "translation" and meta["task"]["src"] == "en"
+
+    task2 = _task(folder)
+    rest = train(
+        _model(task2),
+        task2,
+        _config(
+            tmp_path,
+            steps=4,
+            out_dir=str(tmp_path / "b"),
+            resume=str(tmp_path / "a" / "step-00000002"),
+        ),
+    )
+    assert rest.start_step == 2
+    assert rest.losses == full.losses[2:]  # bitwise: the same batches, the same RNG
+
+    result = task.evaluate(model, "valid")
+    for key in ("bleu", "chrf", "loss", "nll", "ppl", "tokens", "bleu_signature"):
+        assert key in result
+    assert result["sentences"] == 20 and "tok:13a" in result["bleu_signature"]
+    assert result["loss"] >= result["nll"] > 0  # smoothing adds to the NLL
+
+
+def test_a_trained_tiny_model_translates_and_the_run_functions_work(folder, tmp_path):
+    task = _task(folder, eval_beam=2)
+    model = _model(task, dropout=0.0)
+    hist = train(
+        model, task, _config(tmp_path, steps=120, lr=5e-3, warmup=10, out_dir=str(tmp_path / "run"))
+    )
+    run = tmp_path / "run"
+    record = evaluate_run(run, "test_2016_flickr", beam=3)
+    assert record["bleu"] > 30  # a word-for-word dictionary is easy
+    hyps = Path(record["hypotheses"]).read_text().splitlines()
+    assert len(hyps) == 15 and record["split"] == "test_2016_flickr"
+    lines = ["a big dog runs.", "", "a red man."]
+    out = translate_file(run, lines, src="en", tgt="de", beam=2)
+    assert len(out) == 3 and out[1] == "" and "Hund" in out[0]
+    with pytest.raises(ValueError, match="translates en->de, not de->en"):
+        translate_file(run, lines, src="de", tgt="en")
+    with pytest.raises(ValueError, match="translates en->de, not de->en"):
+        evaluate_run(run, "val", src="de", tgt="en")
+    with pytest.raises(ParallelDataError, match="no split 'nope'"):
+        evaluate_run(run, "nope")
+    assert hist.step == 120
+
+
+def test_bad_input_gets_clear_errors(folder, tmp_path, caplog):
+    task = _task(folder)
+    # a sentence longer than the model's limit is refused at training, naming file and line
+    short = _model(task, seq_len=6)
+    with pytest.raises(ValueError, match=r"train\.(en|de) line \d+: the (source|target) sentence"):
+        next(task.train_batches(short))
+    # a model whose vocabulary does not match the tokenizer
+    with pytest.raises(ValueError, match="vocab_size"):
+        next(task.train_batches(create_model("seq2seq-tiny", vocab_size=64)))
+    # a run directory without a tokenizer
+    train(_model(task), task, _config(tmp_path, steps=1, out_dir=str(tmp_path / "r")))
+    ckpt = tmp_path / "r" / (tmp_path / "r" / "latest").read_text().strip()
+    (ckpt / "tokenizer.json").rename(ckpt / "moved.json")
+    with pytest.raises(TokenizerError, match="no tokenizer.json"):
+        load_translation_run(tmp_path / "r")
+    (ckpt / "moved.json").rename(ckpt / "tokenizer.json")
+    # a vocabulary of another language pair
+    other = tmp_path / "fr"
+    other.mkdir()
+    (other / "translation.json").write_text(json.dumps({"src": "fr", "tgt": "en"}))
+    with pytest.raises(ValueError, match="trained on fr-en, not en-de"):
+        TranslationTask(
+            ParallelData(folder, "en", "de"), task.tokenizer, tokenizer_source=str(other)
+        )
+    # resuming on the other direction is refused
+    de_en = TranslationTask(ParallelData(folder, "de", "en"), task.tokenizer, max_tokens=200)
+    with pytest.raises(ValueError, match="same data and direction"):
+        de_en.load_state_dict(task.state_dict())
+    # a sentence longer than the limit at translate time: truncated with a warning
+    with caplog.at_level(logging.WARNING):
+        out = translate_file(tmp_path / "r", ["a big dog " * 40], beam=1)
+    assert len(out) == 1 and "truncated" in caplog.text
+    # nothing written is lost: a failing evaluation leaves an earlier hypotheses file as it was
+    target = tmp_path / "hyps.txt"
+    target.write_text("earlier\n")
+    with pytest.raises(ParallelDataError):
+        evaluate_run(tmp_path / "r", "missing", out=target)
+    assert target.read_text() == "earlier\n"

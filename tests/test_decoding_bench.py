@@ -1,0 +1,87 @@
+"""The decoding-latency function HAT-style measurements go through, and the translation benchmark
+scripts at tiny sizes (structure only: nothing here asserts a time)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from effiformer import create_model
+from effiformer.bench.decoding import decoding_latency, trimmed_mean
+
+ROOT = Path(__file__).resolve().parents[1]
+MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _script(name):
+    spec = importlib.util.spec_from_file_location(
+        f"bench_{name}", ROOT / "benchmarks" / f"{name}.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_trimmed_mean_drops_the_outer_deciles():
+    assert trimmed_mean([100.0] + [1.0] * 8 + [-100.0]) == 1.0
+    assert trimmed_mean([2.0]) == 2.0
+
+
+def test_decoding_latency_runs_exactly_the_requested_steps():
+    m = create_model("seq2seq-tiny")
+    steps = []
+    for block in m.decoder:  # count decoder calls of the first layer
+        block.register_forward_hook(lambda mod, i, o: steps.append(1))
+        break
+    lat = decoding_latency(m, src_len=7, beam=3, steps=5, warmup=1, runs=2)
+    assert len(steps) == 3 * 5  # 3 runs x 5 incremental steps, one token each
+    assert lat.steps == 5 and lat.beam == 3 and lat.runs == 2 and len(lat.raw) == 2
+    assert lat.total_s >= lat.decoder_s >= 0 and lat.encoder_s > 0
+    assert m.training  # mode restored
+    with pytest.raises(ValueError, match="seq_len"):
+        decoding_latency(m, src_len=7, steps=64)
+
+
+@pytest.mark.slow
+@pytest.mark.reference
+def test_decoding_vs_hf_script_runs(tmp_path):
+    pytest.importorskip("transformers")
+    out = tmp_path / "r.jsonl"
+    script = _script("decoding_vs_hf")
+    assert script.main([
+        "--model", "seq2seq-tiny", "--vocab-size", "64", "--src-len", "6", "--beam", "2",
+        "--warmup", "1", "--runs", "1", "--rounds", "1", "--out", str(out),
+    ]) == 0  # fmt: skip
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert records[1]["kind"] == "round" and records[1]["hf_generated"] == 6  # the same steps
+    result = records[-1]
+    # Same weights but HF's two sinusoid tables (seq_len x dim), which it stores as parameters.
+    assert result["params_hf"] - result["params_effiformer"] == 2 * 64 * 32
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not MULTI30K.is_dir(), reason="../shared/data/multi30k is not there")
+def test_translation_multi30k_script_runs(tmp_path):
+    script = _script("translation_multi30k")
+    assert script.main([
+        "--max-steps", "2", "--time-budget", "600", "--eval-every", "1e9", "--eval-sentences", "4",
+        "--test-sentences", "3", "--beam", "2", "--vocab-size", "500", "--max-tokens", "512",
+        "--set", "dim=32", "n_heads=2", "n_layers=1", "ffn_dim=64", "--out", str(tmp_path),
+    ]) == 0  # fmt: skip
+    lines = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    kinds = [r["kind"] for r in lines]
+    assert kinds[0] == "environment" and kinds[-1] == "test" and "eval" in kinds
+    assert lines[-1]["sentences"] == 3 and "tok:13a" in lines[-1]["bleu_signature"]
+    assert (tmp_path / "bleu_curve.png").is_file() and (
+        tmp_path / "model" / "tokenizer.json"
+    ).is_file()

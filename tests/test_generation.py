@@ -1,0 +1,145 @@
+"""Greedy and beam search: beam 1 equals greedy, beam search finds hypotheses the model scores at
+least as high as greedy's on a trained model, length limits, EOS handling, translate()."""
+
+import logging
+import math
+
+import pytest
+import torch
+
+from effiformer import create_model
+from effiformer.generation import (
+    beam_search,
+    greedy_search,
+    max_lengths,
+    score_sequences,
+    translate,
+)
+
+PAD, BOS, EOS = 0, 2, 3
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _sources(n=6, seed=0, lo=5, hi=25, max_len=8):
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(n):
+        k = int(torch.randint(2, max_len, (1,), generator=g))
+        rows.append([*torch.randint(lo, hi, (k,), generator=g).tolist(), EOS])
+    width = max(len(r) for r in rows)
+    src = torch.full((n, width), PAD)
+    for i, r in enumerate(rows):
+        src[i, : len(r)] = torch.tensor(r)
+    return src
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """seq2seq-tiny trained for a few hundred steps to reverse sequences of 1-6 tokens."""
+    torch.manual_seed(0)
+    m = create_model("seq2seq-tiny", label_smoothing=0.0)
+    opt = torch.optim.Adam(m.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(1)
+    n_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    for step in range(300):
+        x = torch.randint(5, 15, (32, 1 + step % 6), generator=g)
+        src = torch.cat([x, torch.full((32, 1), EOS)], 1)
+        tgt = torch.cat([x.flip(1), torch.full((32, 1), EOS)], 1)
+        loss = m(src, targets=tgt).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    torch.set_num_threads(n_threads)
+    return m.eval()
+
+
+def test_beam_size_one_equals_greedy():
+    torch.manual_seed(0)
+    m = create_model("seq2seq-tiny").double().eval()
+    src = _sources()
+    greedy = greedy_search(m, src, max_len_a=1.0, max_len_b=3)
+    for kw in ({"lenpen": 0.0}, {"lenpen": 1.0, "early_stopping": True}):
+        beam = beam_search(m, src, beam=1, max_len_a=1.0, max_len_b=3, **kw)
+        assert [b[0].tokens for b in beam] == [h.tokens for h in greedy]
+        for b, h in zip(beam, greedy):
+            assert math.isclose(b[0].log_prob, h.log_prob, rel_tol=1e-6)
+
+
+def test_beam_search_scores_at_least_greedy_under_a_trained_model(trained):
+    src = _sources(n=24, seed=3, lo=5, hi=15, max_len=7)
+    greedy = [h.tokens for h in greedy_search(trained, src)]
+    for lenpen in (0.0, 1.0):
+        best = [f[0] for f in beam_search(trained, src, beam=5, lenpen=lenpen)]
+        g_lp = score_sequences(trained, src, greedy)
+        b_lp = score_sequences(trained, src, [h.tokens for h in best])
+        for h, lp in zip(best, b_lp):  # the search's own scores are the model's
+            assert math.isclose(h.log_prob, lp, rel_tol=1e-4, abs_tol=1e-4)
+        for gt, glp, bt, blp in zip(greedy, g_lp, best, b_lp):
+            g_score = glp / (len(gt) + 1) ** lenpen
+            b_score = blp / (len(bt.tokens) + 1) ** lenpen
+            assert b_score >= g_score - 1e-5
+    # and the trained model really reverses its inputs
+    rev = [[t for t in r.tolist() if t not in (PAD, EOS)][::-1] for r in src]
+    assert sum(h == r for h, r in zip(greedy, rev)) >= len(rev) // 2
+
+
+def test_length_limits_eos_and_specials():
+    torch.manual_seed(0)
+    m = create_model("seq2seq-tiny").eval()
+    src = _sources()
+    n_src = (src != PAD).sum(1)
+    limits = max_lengths(n_src, max_len_a=0.5, max_len_b=2, seq_len=64)
+    assert limits.tolist() == [min(63, int(n * 0.5 + 2)) for n in n_src.tolist()]
+    found = beam_search(m, src, beam=3, n_best=3, max_len_a=0.5, max_len_b=2, min_len=2)
+    for f, lim in zip(found, limits.tolist()):
+        assert 1 <= len(f) <= 3
+        assert [h.score for h in f] == sorted((h.score for h in f), reverse=True)
+        for h in f:
+            assert 2 <= len(h.tokens) <= lim
+            assert not {PAD, BOS, EOS} & set(h.tokens)
+            assert math.isclose(h.score, h.log_prob / (len(h.tokens) + 1), rel_tol=1e-6)
+    # The decoder input never outgrows the model: the cap is seq_len - 1 generated tokens.
+    assert max_lengths(torch.tensor([100]), max_len_a=2, max_len_b=10, seq_len=64).item() == 63
+
+
+def test_exact_stopping_finds_at_least_what_early_stopping_finds(trained):
+    src = _sources(n=10, seed=5, lo=5, hi=15)
+    early = beam_search(trained, src, beam=4, lenpen=1.0, early_stopping=True)
+    exact = beam_search(trained, src, beam=4, lenpen=1.0)
+    for e, x in zip(early, exact):
+        assert x[0].score >= e[0].score - 1e-6
+
+
+def test_translate_keeps_order_empty_lines_and_truncates_with_a_warning(caplog):
+    class Tok:  # a character-level stand-in for SubwordTokenizer
+        def encode_ids(self, texts):
+            return [[5 + (ord(c) % 200) for c in t] for t in texts]
+
+        def decode(self, ids):
+            return "".join(chr(65 + i % 26) for i in ids)
+
+    torch.manual_seed(0)
+    m = create_model("seq2seq-tiny").eval()
+    texts = ["abc", "", "a much longer sentence " * 4, "xy"]
+    seen = []
+    with caplog.at_level(logging.WARNING, logger="effiformer.generation"):
+        out = translate(m, texts, tokenizer=Tok(), beam=2, batch_size=2, progress=seen.append)
+    assert len(out) == 4 and out[1] == ""
+    assert "truncated" in caplog.text
+    assert seen[-1] == 4
+    alone = translate(m, ["xy"], tokenizer=Tok(), beam=2)
+    assert alone == [out[3]]  # a sentence's translation does not depend on its batch mates
+    ids = translate(m, _sources(n=3), beam=1)
+    assert len(ids) == 3 and all(isinstance(r, list) for r in ids)
+    with pytest.raises(ValueError, match="tokenizer"):
+        translate(m, ["abc"])
+    with pytest.raises(ValueError, match="beam"):
+        beam_search(m, _sources(n=2), beam=0)
