@@ -40,6 +40,7 @@ __all__ = [
     "DEFAULT_SENTENCE_LEN",
     "MultAdds",
     "attention_mult_adds",
+    "bench_mult_adds",
     "count_parameters",
     "cross_attention_mult_adds",
     "ffn_mult_adds",
@@ -173,6 +174,30 @@ def mult_adds(config: ModelConfig, **kwargs: Any) -> MultAdds | None:
     if getattr(config, "family", None) == "seq2seq":
         return seq2seq_mult_adds(config, **kwargs)
     return None
+
+
+def bench_mult_adds(config: ModelConfig, part: str, seq_len: int) -> int | None:
+    """Mult-Adds of an ``effiformer bench`` workload, batch 1: ``part="attention"``: the first
+    layer's self-attention over ``seq_len`` tokens (any family whose config has an attention
+    part that counts itself); ``part="model"``: the whole model with ``seq_len`` source and
+    target tokens (translation models). ``None`` where not known."""
+    if part == "attention":
+        att = getattr(config, "attention", None)
+        if att is None:
+            return None
+        causal = bool(config.causal) and config.family != "seq2seq"  # seq2seq: the encoder's
+        dims = AttentionDims(
+            config.dim, config.n_heads, config.head_dim, causal=causal, layer=0,
+            n_layers=config.n_layers, max_len=config.seq_len,
+        )  # fmt: skip
+        try:
+            return attention_mult_adds(att, dims, seq_len, seq_len)
+        except (ValueError, KeyError):
+            return None
+    if part == "model":
+        m = mult_adds(config, src_len=seq_len)
+        return None if m is None else m.total
+    raise ValueError(f"part must be 'attention' or 'model', got {part!r}")
 
 
 def format_mult_adds(value: MultAdds | int | None) -> str:
