@@ -13,7 +13,6 @@ from torch.testing import assert_close
 from effiformer.attention import AttentionDims, AttentionMask, DenseAttention
 from effiformer.attention.convolution import (
     ConvBranch,
-    conv_padded,
     conv_padding,
     depthwise_conv,
 )

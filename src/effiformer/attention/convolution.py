@@ -60,6 +60,7 @@ __all__ = [
     "BAND_BLOCK",
     "CONV_METHODS",
     "ConvBranch",
+    "conv_padded",
     "conv_padding",
     "depthwise_conv",
 ]
