@@ -27,13 +27,12 @@ def test_help_shows_examples():
     assert "examples:" in out and "effiformer bench" in out and "effiformer train" in out
 
 
-def test_train_task_mlm_then_glue_then_eval(tmp_path, capsys):
+def test_train_task_mlm_then_glue_then_eval(tmp_path, capsys, shared_data):
     """`effiformer train --task mlm`, then `--task glue-sst2 --init`, then `effiformer eval`."""
     import json
-    from pathlib import Path
 
-    shk = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare" / "input.txt"
-    glue = shk.parents[1] / "glue" / "SST-2"
+    shk = shared_data("tinyshakespeare/input.txt")
+    glue = shared_data("glue/SST-2")
     text = tmp_path / "text.txt"
     text.write_text(shk.read_text()[:60_000])
     pre, ft = tmp_path / "pre", tmp_path / "ft"

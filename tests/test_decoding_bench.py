@@ -12,7 +12,6 @@ from effiformer import create_model
 from effiformer.bench.decoding import decoding_latency, trimmed_mean
 
 ROOT = Path(__file__).resolve().parents[1]
-MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
 
 
 @pytest.fixture(autouse=True)
@@ -70,8 +69,8 @@ def test_decoding_vs_hf_script_runs(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not MULTI30K.is_dir(), reason="../shared/data/multi30k is not there")
-def test_translation_multi30k_script_runs(tmp_path):
+def test_translation_multi30k_script_runs(tmp_path, data_env):
+    data_env("multi30k")
     script = _script("translation_multi30k")
     assert script.main([
         "--max-steps", "2", "--time-budget", "600", "--eval-every", "1e9", "--eval-sentences", "4",
