@@ -46,6 +46,7 @@ from ..data.tokenizer import SubwordTokenizer
 from ..metrics import glue_metrics
 from ..models.base import ModelOutput
 from ..models.classifier import build_classifier, classifier_kind
+from ..progress import track
 from ..recipes import TrainRecipe
 from .base import Batch, rank_rows, resolve_device
 from .registry import (
@@ -247,7 +248,8 @@ class GlueTask:
         model.eval()
         preds, total = [], 0.0
         try:
-            for i in range(0, len(examples), self.eval_batch_size):
+            starts = range(0, len(examples), self.eval_batch_size)
+            for i in track(starts, desc=f"eval {self.name} {split}", unit="batch"):
                 batch = self.encode(examples[i : i + self.eval_batch_size]).to(device)
                 with autocast if autocast is not None else contextlib.nullcontext():
                     out = self.forward(model, batch)

@@ -42,6 +42,7 @@ from torch import Tensor, nn
 from ..data.parallel import ParallelData, TokenBatcher, train_joint_tokenizer
 from ..data.tokenizer import TOKENIZER_FILE, SubwordTokenizer, TokenizerError
 from ..models.base import ModelOutput
+from ..progress import progress_bar, status, track
 from .base import Batch, restore_position
 
 __all__ = [
@@ -148,16 +149,14 @@ class TranslationTask:
         self.train_split, self.valid_split, self.test_split = train_split, valid_split, test_split
         self.data_spec = data_spec
         if tokenizer is None:
-            tokenizer = train_joint_tokenizer(
-                self.train, vocab_size=_positive_int("vocab_size", vocab_size)
+            _positive_int("vocab_size", vocab_size)
+            train = self.train
+            what = (
+                f"training a joint {self.src_lang}-{self.tgt_lang} BPE vocabulary of {vocab_size} "
+                f"on {len(train)} pairs"
             )
-            logger.info(
-                "trained a joint %s-%s BPE vocabulary of %d on %d pairs",
-                self.src_lang,
-                self.tgt_lang,
-                tokenizer.vocab_size,
-                len(self.train),
-            )
+            with status(what, logger):
+                tokenizer = train_joint_tokenizer(train, vocab_size=vocab_size)
         elif tokenizer_source is not None:
             check_pair(
                 read_pair(tokenizer_source),
@@ -192,8 +191,9 @@ class TranslationTask:
         name = self.split_name(split)
         if name not in self._encoded:
             s = self.data.split(name)
-            src = [np.asarray(r, dtype=np.int64) for r in self.tokenizer.encode_ids(s.src)]
-            tgt = [np.asarray(r, dtype=np.int64) for r in self.tokenizer.encode_ids(s.tgt)]
+            with status(f"encoding the {len(s)} pairs of {name}", logger):
+                src = [np.asarray(r, dtype=np.int64) for r in self.tokenizer.encode_ids(s.src)]
+                tgt = [np.asarray(r, dtype=np.int64) for r in self.tokenizer.encode_ids(s.tgt)]
             self._encoded[name] = (src, tgt)
         return self._encoded[name]
 
@@ -284,7 +284,9 @@ class TranslationTask:
                     )
                 mine = np.array_split(index, world)[rank]
                 data = self.collate([src[i] for i in mine], [tgt[i] for i in mine])
-                yield Batch(data, meta={"sentences": len(index)})
+                # the loss is a mean over target tokens: weigh rows by theirs (Batch.weights)
+                weights = (data["targets"] != self.tokenizer.pad_id).sum(1)  # (B,)
+                yield Batch(data, meta={"sentences": len(index)}, weights=weights)
 
         return _iterate()
 
@@ -329,7 +331,7 @@ class TranslationTask:
         pad = self.tokenizer.pad_id
         total = nll_total = 0.0
         count = 0
-        for index in batcher.batches(0):
+        for index in track(batcher.batches(0), desc=f"eval loss {split}", unit="batch"):
             rows = [keep[i] for i in index]
             data = self.collate([src[i] for i in rows], [tgt[i] for i in rows])
             data = {k: v.to(device) for k, v in data.items()}
@@ -363,16 +365,24 @@ class TranslationTask:
         n = len(s) if self.eval_sentences is None else min(len(s), self.eval_sentences)
         beam = self.eval_beam if beam is None else beam
         lenpen = self.eval_lenpen if lenpen is None else lenpen
-        hyps = translate(
-            model,
-            s.src[:n],
-            tokenizer=self.tokenizer,
-            beam=beam,
-            lenpen=lenpen,
-            batch_size=batch_size,
-            early_stopping=early_stopping if early_stopping is not None else beam > 1,
-            progress=progress,
-        )
+        bar = None
+        if progress is None:
+            bar = progress_bar(n, desc=f"translate {split} (beam {beam})", unit="sent")
+            progress = lambda done: bar.update(done - bar.n)  # noqa: E731
+        try:
+            hyps = translate(
+                model,
+                s.src[:n],
+                tokenizer=self.tokenizer,
+                beam=beam,
+                lenpen=lenpen,
+                batch_size=batch_size,
+                early_stopping=early_stopping if early_stopping is not None else beam > 1,
+                progress=progress,
+            )
+        finally:
+            if bar is not None:
+                bar.close()
         return list(hyps), s.tgt[:n]
 
     def evaluate(
