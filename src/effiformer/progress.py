@@ -9,8 +9,9 @@ own bar is on (``TrainConfig.progress``), the command line for every command unl
 * :func:`progress_bar` / :func:`track` (a loop that ticks one) -- a ``tqdm`` bar on stderr (disabled when progress is off); ``leave``
   defaults to False, so an evaluation's bar disappears when it is done and the training bar
   below it stays.
-* :func:`status` -- ``with status("reading PTB", logger):`` logs ``reading PTB ...`` and then
-  ``reading PTB: done in 2.3 s`` (INFO): progress for a step that cannot count its work.
+* :func:`status` -- ``with status("reading PTB", logger):`` logs ``reading PTB ...`` once the
+  step has taken a second, then ``reading PTB: done in 2.3 s`` (INFO): progress for a step that
+  cannot count its work.
 * :class:`TqdmLoggingHandler` -- a logging handler that writes through ``tqdm.write``, which
   clears the bars, prints the line and redraws them (``effiformer`` CLI logging uses it; the
   trainer also redirects the root logger's console handlers while its bar is drawn).
@@ -22,6 +23,7 @@ import contextlib
 import contextvars
 import logging
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
@@ -105,14 +107,34 @@ def track(
 
 
 @contextlib.contextmanager
-def status(what: str, logger: logging.Logger | None = None) -> Iterator[None]:
-    """Log ``what ...`` now and ``what: done in S s`` when the block ends (INFO on ``logger``,
-    default ``effiformer``); nothing is logged at the end if the block raises."""
+def status(
+    what: str, logger: logging.Logger | None = None, *, after: float = 1.0
+) -> Iterator[None]:
+    """Progress for a step that cannot count its work: if the block is still running after
+    ``after`` seconds, log ``what ...`` (INFO on ``logger``, default ``effiformer``), and then
+    ``what: done in S s`` when it ends; quick steps log nothing. ``after=0``: log at once."""
     log = logger or logging.getLogger("effiformer")
-    log.info("%s ...", what)
+    started = threading.Event()
+
+    def announce() -> None:
+        started.set()
+        log.info("%s ...", what)
+
     t0 = time.monotonic()
-    yield
-    log.info("%s: done in %.1f s", what, time.monotonic() - t0)
+    timer = None
+    if after > 0:
+        timer = threading.Timer(after, announce)
+        timer.daemon = True
+        timer.start()
+    else:
+        announce()
+    try:
+        yield
+    finally:
+        if timer is not None:
+            timer.cancel()
+    if started.is_set():
+        log.info("%s: done in %.1f s", what, time.monotonic() - t0)
 
 
 class TqdmLoggingHandler(logging.Handler):

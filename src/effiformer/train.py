@@ -920,9 +920,7 @@ def _train(model: nn.Module, task: Any, config: TrainConfig, d: _Dist, stop: Any
                     if init_state is not None and (states[m] is None or mb.new_stream):
                         states[m] = init_state(mb.rows, device)
                     sync = (
-                        runner.no_sync()
-                        if d.active and m < accum - 1
-                        else contextlib.nullcontext()
+                        runner.no_sync() if d.active and m < accum - 1 else contextlib.nullcontext()
                     )
                     with sync:
                         with autocast():

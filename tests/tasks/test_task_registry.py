@@ -21,12 +21,14 @@ from effiformer.tasks import (
 )
 from effiformer.tasks.registry import make_options
 
-EXPECTED = ["lm", "mlm", "electra", "glue-sst2", "glue-cola", "glue-rte", "glue-mrpc", "glue-stsb"]
+EXPECTED = [
+    "lm", "mlm", "electra", "glue-sst2", "glue-cola", "glue-rte", "glue-mrpc", "glue-stsb", "translation",
+]  # fmt: skip
 
 
 def test_every_current_task_is_registered_in_order():
     assert list_tasks() == EXPECTED
-    assert list_tasks("glue-*") == EXPECTED[3:]
+    assert list_tasks("glue-*") == EXPECTED[3:8]
     for name in EXPECTED:
         spec = get_task(name)
         assert spec.name == name and spec.description and callable(spec.build)
