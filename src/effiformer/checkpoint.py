@@ -124,10 +124,11 @@ def save_model(model: nn.Module, directory: str | os.PathLike, *, name: str | No
     """Save ``model``'s weights and config into ``directory`` (created if needed)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = _mkstemp(directory, ".model.", ".safetensors.tmp")
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".model.", suffix=".safetensors.tmp")
     os.close(fd)
     try:
-        _st_save_model(model, tmp)  # handles tied (shared) weights
+        _st_save_model(model, tmp)  # handles tied (shared) weights; writes a new file
+        os.chmod(tmp, _file_mode())
         os.replace(tmp, directory / WEIGHTS)
     finally:
         if os.path.exists(tmp):

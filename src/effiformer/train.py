@@ -770,7 +770,7 @@ def _train(model: nn.Module, task: Any, config: TrainConfig, d: _Dist, stop: Any
         return lr_factor(
             step,
             warmup=plan["warmup"],
-            total=plan["total"],
+            total=plan["total"] or 10**9,  # not yet sized from the budget: no decay yet
             min_lr_ratio=config.min_lr_ratio,
             schedule=config.schedule,
         )
@@ -784,7 +784,7 @@ def _train(model: nn.Module, task: Any, config: TrainConfig, d: _Dist, stop: Any
         )
         if saved_plan is not None and config.steps is None:
             plan.update(saved_plan)  # continue the planned schedule until this call re-plans it
-    if config.steps is None and plan["total"] < 1:
+    if config.steps is None and config.time_budget is None and plan["total"] < 1:
         raise ConfigError(
             f"steps=None continues the schedule planned from a time budget, but "
             f"{str(resume_dir)!r} records none; give steps or a time_budget"
@@ -855,10 +855,31 @@ def _train(model: nn.Module, task: Any, config: TrainConfig, d: _Dist, stop: Any
         if not config.time_budget_counts_eval:
             excluded += _now() - t0
 
+    def kept(loss_at: int | None = None) -> str:
+        if history.checkpoint and loss_at is not None and last_ckpt == loss_at - 1:
+            return (
+                f"the last checkpoint, {history.checkpoint}, holds the weights that gave this "
+                "loss: resume from an earlier one (keep_checkpoints / --keep keeps more)"
+            )
+        if history.checkpoint:
+            return f"the last checkpoint, {history.checkpoint}, is unchanged"
+        if resume_dir is not None:
+            return f"the checkpoint resumed from, {resume_dir}, is unchanged"
+        return "no checkpoint was written"
+
+    def diverged(what: str, loss_at: int | None = None) -> FloatingPointError:
+        return FloatingPointError(
+            f"{what}; lower the learning rate (lr={config.lr}) or enable clipping; {kept(loss_at)}"
+        )
+
     def checkpoint() -> None:
         nonlocal excluded
         if out_dir is None:
             return
+        with torch.no_grad():
+            finite = all(bool(torch.isfinite(p).all()) for p in module.parameters())
+        if not finite:  # never save weights a diverging update broke
+            raise diverged(f"the weights are not finite after step {step}")
         t0 = _now()
         path = _save_checkpoint(
             out_dir, step, module, optimizer, scheduler, task, states, config, d, plan
@@ -943,6 +964,8 @@ def _train(model: nn.Module, task: Any, config: TrainConfig, d: _Dist, stop: Any
                 grad_norm = aux_norm = None
                 if config.clip is not None:
                     grad_norm, aux_norm = clip_gradients(module, config.clip)
+                    if not math.isfinite(grad_norm):  # raise before the update breaks the weights
+                        raise diverged(f"the gradient norm is {grad_norm} at step {step + 1}")
                 optimizer.step()
                 scheduler.step()
                 after_optimizer_step(module)
@@ -964,19 +987,7 @@ def _train(model: nn.Module, task: Any, config: TrainConfig, d: _Dist, stop: Any
                 step += 1
                 history.step = step
                 if not math.isfinite(loss):
-                    kept = (
-                        f"the last checkpoint, {history.checkpoint}, is unchanged"
-                        if history.checkpoint
-                        else (
-                            f"the checkpoint resumed from, {resume_dir}, is unchanged"
-                            if resume_dir is not None
-                            else "no checkpoint was written"
-                        )
-                    )
-                    raise FloatingPointError(
-                        f"the training loss is {loss} at step {step}; lower the learning rate "
-                        f"(lr={config.lr}) or enable clipping; {kept}"
-                    )
+                    raise diverged(f"the training loss is {loss} at step {step}", step)
                 dt = time.perf_counter() - t0
                 tokens_per_s = batch.num_tokens * d.world / dt
                 record = {

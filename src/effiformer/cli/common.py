@@ -71,7 +71,8 @@ class GracefulInterrupt:
     request to stop cleanly, the second into an immediate exit.
 
     ``with GracefulInterrupt("train") as stop:`` installs the handlers (main thread only; the
-    previous ones come back on exit). The first signal sets ``stop.requested``, prints one line
+    previous ones come back on exit, unless a stop was requested: then a further signal still
+    quits at once). The first signal sets ``stop.requested``, prints one line
     saying what happens next (``message``) and calls ``on_request`` if given; the work polls
     ``stop.requested`` at safe points (the trainer: after each step) and winds down. Inside
     ``with stop.abortable():`` the first signal also raises ``KeyboardInterrupt`` there, for work
@@ -111,6 +112,8 @@ class GracefulInterrupt:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self.requested:  # after a stop request any further Ctrl-C quits at once, to the end
+            return
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
         self._previous.clear()

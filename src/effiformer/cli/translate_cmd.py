@@ -1,14 +1,16 @@
 """``effiformer translate RUN < in.txt > out.txt``: translate one sentence per line with a
-translation run (:func:`effiformer.tasks.translation.translate_file`); progress on stderr."""
+translation run (what :func:`effiformer.tasks.translation.translate_file` does, with the run
+checked before stdin is read); progress on stderr."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from ..generation import translate
 from ..progress import progress_bar, progress_enabled
 from ..tasks.base import resolve_device
-from ..tasks.translation import translate_file
+from ..tasks.translation import check_pair, load_translation_run
 from .common import add_common_flags
 
 EPILOG = """examples:
@@ -55,24 +57,29 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
+    # the run first: a wrong run or direction is named before stdin is read
+    model, tokenizer, meta = load_translation_run(args.run, device=device)
+    pair = meta.get("pair")
+    if pair is not None and (args.src is not None or args.tgt is not None):
+        check_pair(
+            pair, args.src or pair["src"], args.tgt or pair["tgt"], meta["path"], direction=True
+        )
     data = sys.stdin.buffer.read()
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"stdin is not UTF-8 text (byte {e.start}: {e.reason})") from None
-    lines = text.splitlines()
+    lines = [line.strip() for line in text.splitlines()]
     with progress_enabled(not args.no_progress):
         bar = progress_bar(len(lines), desc="translate", unit="sent", delay=1.0)
         try:
-            out = translate_file(
-                args.run,
+            out = translate(
+                model,
                 lines,
-                src=args.src,
-                tgt=args.tgt,
+                tokenizer=tokenizer,
                 beam=args.beam,
                 lenpen=args.lenpen,
                 batch_size=args.batch,
-                device=device,
                 progress=lambda done: bar.update(done - bar.n),
             )
         finally:
