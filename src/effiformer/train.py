@@ -9,9 +9,11 @@
   Each family's paper recipe (:mod:`effiformer.recipes`) fills these fields in ``effiformer
   train``; :class:`TrainConfig`'s own defaults are the project's GPT-2-style default.
 * Step: the global batch of ``task.batch_size`` rows is split across DDP ranks, then into
-  ``grad_accum`` equal micro-batches; each micro-batch differentiates
+  ``grad_accum`` micro-batches (``Batch.split``); each micro-batch differentiates
   ``out.total_loss / grad_accum`` (task loss plus aux losses), so accumulation changes memory use,
-  not the result. Then gradient clipping (global norm; parameters trained only by an aux loss,
+  not the result. Batches with row weights (``Batch.weights``: translation's target tokens per
+  row) weigh each micro-batch of each rank by its share of the global batch's weight instead
+  (:func:`_micro_scales`), which keeps a per-token mean loss exact under accumulation and DDP. Then gradient clipping (global norm; parameters trained only by an aux loss,
   ``model.aux_parameters()``, are clipped as a group of their own, :func:`clip_gradients`), the
   optimiser and scheduler steps, and ``model.apply_updates(out.updates)`` (no-grad buffer
   updates, averaged over micro-batches and ranks; a deliberate simplification for online k-means
@@ -25,10 +27,19 @@
   batch and the reported loss is the all-reduced mean over the global batch, so N processes
   follow the loss curve of one process with the same global batch. Only rank 0 evaluates and
   writes files or progress.
+* Time budget (``time_budget``): the run stops when it is spent; without ``steps`` the schedule
+  is sized from the measured step time (see :class:`TrainConfig`). Under DDP the ranks share one
+  clock (the slowest rank's, all-reduced), so they stop at the same step with the same schedule.
+* Stop requests (``train(..., stop=...)``, Ctrl-C in the CLI): the step finishes, a checkpoint
+  is written, ``stop_reason`` is ``"interrupted"``. A non-finite loss or gradient norm raises
+  ``FloatingPointError`` naming the last checkpoint; weights that became non-finite are never
+  saved.
 * Evaluation every ``eval_every`` steps and at the end, under a forked RNG so it never changes
   the training trajectory. Records go to ``OUT/metrics.jsonl``: ``{"step", "loss", "lr",
-  "tokens_per_s"}`` per training step and ``{"step", "val_bpc" | "val_ppl", "val_loss",
-  "val_tokens"}`` per evaluation.
+  "tokens_per_s", "step_s"}`` per training step (``"loss_weight"``: the step's summed
+  :attr:`~effiformer.tasks.Batch.weights`, for weighted tasks) and ``{"step", "val_bpc" |
+  "val_ppl", "val_loss", "val_tokens"}`` per evaluation; a time budget adds what it
+  decided (``{"step", "total_steps", "warmup", "step_s", "budget_s"}``).
 
 Checkpoints (every ``checkpoint_every`` steps and at the end) are run checkpoints
 (:func:`effiformer.checkpoint.save_run_checkpoint`: atomic, with a ``latest`` pointer and
@@ -997,6 +1008,8 @@ def _train(model: nn.Module, task: Any, config: TrainConfig, d: _Dist, stop: Any
                     "tokens_per_s": tokens_per_s,
                     "step_s": dt,
                 }
+                if weighting is not None:
+                    record["loss_weight"] = weighting[2]  # what the loss averaged over
                 if updates or aux:
                     record["total_loss"] = loss + aux
                 if grad_norm is not None:
