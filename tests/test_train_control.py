@@ -348,3 +348,38 @@ def test_two_processes_through_the_cli_write_one_checkpoint_and_agree(tmp_path):
     model, _ = load_checkpoint(ckpt)
     with torch.no_grad():
         assert sum(p.double().sum().item() for p in model.parameters()) == sums[0]
+
+
+def test_two_processes_weigh_translation_batches_by_target_tokens(parallel, tmp_path, capsys):
+    """Translation batches split into rows of unequal target tokens across 2 ranks (and 2
+    micro-batches each): the all-reduced weights make the 2-process run follow the 1-process
+    loss and gradient norm of the same global batches."""
+    from effiformer.cli import main
+
+    common = ["train", "seq2seq-tiny", "--task", "translation", "--data", str(parallel), "--src",
+              "en", "--tgt", "de", "--max-tokens", "160", "--vocab-size", "100", "--steps", "3",
+              "--warmup", "1", "--lr", "1e-3", "--clip", "1e9", "--set", "dropout=0.0",
+              "--eval-every", "0", "--eval-sentences", "2", "--no-progress", "--device", "cpu"]  # fmt: skip
+    assert main([*common, "--out", str(tmp_path / "one")]) == 0
+    capsys.readouterr()
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT / "src"))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+           "-m", "effiformer", *common, "--grad-accum", "2", "--out", str(tmp_path / "two")]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    def records(run):
+        lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
+        rows = [json.loads(line) for line in lines]
+        steps = [r for r in rows if "loss" in r]
+        values = torch.tensor([[r["loss"], r["grad_norm"]] for r in steps], dtype=torch.float64)
+        return values, [r.get("loss_weight") for r in steps]
+
+    (one, w_one), (two, w_two) = records("one"), records("two")
+    assert one.shape == (3, 2) and w_two == w_one  # the same global batches (target tokens)
+    torch.testing.assert_close(two, one, rtol=1e-5, atol=1e-6)

@@ -582,8 +582,8 @@ def train(
 
     Under ``torchrun`` every process calls this with the same arguments.
 
-    ``stop``: a graceful-stop request (the command line passes its Ctrl-C handler,
-    :class:`effiformer.cli.common.GracefulInterrupt`): any object whose ``requested`` attribute
+    ``stop``: a graceful-stop request (the command line passes its Ctrl-C handler, a
+    ``GracefulInterrupt`` of its ``common`` module): any object whose ``requested`` attribute
     becomes true. It is read after every step (under DDP the ranks agree, an all-reduce); once
     true the loop ends after the step in progress, writes a checkpoint of that step (from which
     ``resume`` continues exactly) and returns with ``stop_reason="interrupted"``, skipping the

@@ -401,7 +401,8 @@ def load_lm_corpus(data: str | None, fmt: str | None) -> tuple[Corpus, dict[str,
     if data is None:
         if fmt is not None:
             raise ValueError("--format needs --data PATH")
-        return embedded_corpus(), None
+        with status("reading the embedded corpus (the Python standard library's sources)", logger):
+            return embedded_corpus(), None
     if fmt is None:
         raise ValueError(f"--data needs --format (one of {', '.join(FORMATS)})")
     with status(f"reading the {fmt} corpus {data}", logger):
