@@ -715,8 +715,8 @@ class _BudgetPlanner:
         note = ""
         if first:
             cap = self.config.planned_warmup_cap
-            if cap is not None and warmup > cap * total:
-                capped = max(1, int(cap * total), step if step < warmup else 0)
+            if cap is not None and step < warmup and warmup > cap * total:  # still warming up
+                capped = max(1, int(cap * total), step)
                 note = f" (warmup {warmup} capped to {capped}, {cap:.0%} of the run)"
                 warmup = capped
         self.plan.update(total=total, warmup=warmup)
