@@ -24,9 +24,9 @@ import sys
 import time
 
 import torch
-from effiformer.benchmark import environment
 
 from effiformer import create_model
+from effiformer.bench import environment
 from effiformer.bench.decoding import decoding_latency, trimmed_mean
 
 

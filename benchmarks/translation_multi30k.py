@@ -50,7 +50,7 @@ from pathlib import Path
 import torch
 
 from effiformer import create_model, get_config, save_model
-from effiformer.bench.harness import environment
+from effiformer.bench import environment
 from effiformer.config import parse_overrides
 from effiformer.data import ParallelData
 from effiformer.recipes import apply_recipe, get_recipe

@@ -16,7 +16,11 @@ For registered model names (or globs) it measures, per cell (name x part x lengt
   (``env.peak_tflops``: fastest of several 2048² matmuls on CPU, 8192² on CUDA, in the run's
   dtype);
 - ``params``: parameters that receive a gradient in the step (the attention layer's alone for
-  ``--part attention``).
+  ``--part attention``);
+- ``mult_adds``: the analytic Mult-Adds of the workload's forward (:func:`effiformer.flops.bench_mult_adds`:
+  the first layer's self-attention for ``--part attention``, a translation model over
+  ``seq_len`` source and target tokens for ``--part model``; ``None`` where it is not known and
+  for reference rows).
 
 Every cell runs in its own fresh process (``python -m effiformer.bench --cell``), so a cell
 that dies (exception, OOM killer) becomes a skipped record with the reason, and the CPU high-water
@@ -55,6 +59,7 @@ from typing import Any
 import torch
 
 from .. import __version__
+from ..flops import bench_mult_adds
 from ..registry import build_model, get_config, get_spec, list_models
 from .cell import DTYPES, MEMORY_METHODS, bench_overrides, load_plugin
 from .references import (
@@ -492,6 +497,7 @@ def _measure(c, common, env, limit, limit_why, meta_cache, timeout) -> dict[str,
         baseline=bool(ref is not None and ref.baseline),
         set=list(c["set"]),
         overrides=dict(overrides),
+        mult_adds=None if ref is not None else bench_mult_adds(config, part, length),
         env=env,
     )
     if ref is not None:
