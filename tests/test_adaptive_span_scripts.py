@@ -21,7 +21,8 @@ def _script(name: str):
     return module
 
 
-def test_comparison_records_bpc_and_learned_spans_then_the_report_reads_them(tmp_path):
+def test_comparison_records_bpc_and_learned_spans_then_the_report_reads_them(tmp_path, data_env):
+    data_env("tinyshakespeare/input.txt")  # the script's corpus
     vs_dense, report = _script("adaptive_span_vs_dense"), _script("adaptive_span_report")
     out = tmp_path / "out"
     threads = torch.get_num_threads()

@@ -23,7 +23,8 @@ def _script(name: str):
     return module
 
 
-def test_xl_vs_vanilla_records_longer_memory_evaluations_and_saves_models(tmp_path):
+def test_xl_vs_vanilla_records_longer_memory_evaluations_and_saves_models(tmp_path, data_env):
+    data_env("tinyshakespeare/input.txt")  # the script's corpus
     xl_vs_vanilla = _script("xl_vs_vanilla")
     out = tmp_path / "out"
     threads = torch.get_num_threads()

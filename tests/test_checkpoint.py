@@ -65,3 +65,50 @@ def test_failed_save_keeps_previous(tmp_path, monkeypatch):
     assert (tmp_path / "model.safetensors").read_bytes() == before
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
     load_model(tmp_path)
+
+
+def test_checkpoint_files_get_the_mode_of_ordinary_files(tmp_path):
+    """mkstemp creates 0600; saved weights, configs and run checkpoints are 0644 (umask 022)."""
+    import os
+
+    from effiformer.checkpoint import save_run_checkpoint
+
+    old = os.umask(0o022)
+    try:
+        model = create_model("vanilla-tiny")
+        save_model(model, tmp_path / "m")
+
+        class _Task:
+            def artifacts(self):
+                return {"vocab.json": b"{}"}
+
+        ckpt = save_run_checkpoint(
+            tmp_path / "run", 1, model, trainer_state={}, train_config={}, task=_Task()
+        )
+    finally:
+        os.umask(old)
+    files = [*(tmp_path / "m").iterdir(), *ckpt.iterdir(), tmp_path / "run" / "latest"]
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in files}
+    assert set(modes.values()) == {"0o644"}, modes
+
+
+def test_load_model_takes_a_run_directory(tmp_path):
+    from effiformer.checkpoint import save_run_checkpoint
+
+    torch.manual_seed(0)
+    model = create_model("vanilla-tiny")
+
+    class _Task:
+        pass
+
+    for step in (1, 2):
+        save_run_checkpoint(
+            tmp_path / "run", step, model, trainer_state={}, train_config={}, task=_Task(), keep=2
+        )
+    loaded = load_model(tmp_path / "run")  # its latest checkpoint, step-00000002
+    for (k, a), b in zip(model.state_dict().items(), loaded.state_dict().values()):
+        assert torch.equal(a, b), k
+    assert isinstance(load_model(tmp_path / "run" / "step-00000001"), type(model))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="holds no checkpoint"):
+        load_model(tmp_path / "empty")

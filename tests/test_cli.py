@@ -27,13 +27,12 @@ def test_help_shows_examples():
     assert "examples:" in out and "effiformer bench" in out and "effiformer train" in out
 
 
-def test_train_task_mlm_then_glue_then_eval(tmp_path, capsys):
+def test_train_task_mlm_then_glue_then_eval(tmp_path, capsys, shared_data):
     """`effiformer train --task mlm`, then `--task glue-sst2 --init`, then `effiformer eval`."""
     import json
-    from pathlib import Path
 
-    shk = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare" / "input.txt"
-    glue = shk.parents[1] / "glue" / "SST-2"
+    shk = shared_data("tinyshakespeare/input.txt")
+    glue = shared_data("glue/SST-2")
     text = tmp_path / "text.txt"
     text.write_text(shk.read_text()[:60_000])
     pre, ft = tmp_path / "pre", tmp_path / "ft"
@@ -61,7 +60,9 @@ def test_python_m_effiformer_is_the_cli():
     out = subprocess.run(
         [sys.executable, "-m", "effiformer", "--help"], capture_output=True, text=True, check=True
     ).stdout
-    assert "effiformer train" in out and "{list,train,eval,bench}" in out
+    assert "effiformer train" in out
+    for command in ("list", "train", "eval", "generate", "translate", "bench"):
+        assert command in out.split("positional arguments:")[1].split("options:")[0]
 
 
 XL_RUN = ("--batch", "2", "--no-progress", "--device", "cpu")
@@ -123,3 +124,98 @@ def test_train_evaluates_with_the_eval_runtime_flags(tmp_path, capsys):
     assert "--eval-clamp-len: the vanilla model (VanillaConfig) has no clamp_len" in (
         capsys.readouterr().err
     )
+
+
+# ------------------------------------------------------------------------------------------------
+# --version, --debug, one-line errors, parameter counts
+# ------------------------------------------------------------------------------------------------
+
+
+def test_version():
+    import torch
+
+    import effiformer
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "effiformer", "--version"], capture_output=True, text=True
+    )
+    assert proc.returncode == 0
+    assert proc.stdout.startswith(f"effiformer {effiformer.__version__} (torch {torch.__version__}")
+
+
+def test_list_shows_parameter_counts(capsys):
+    import effiformer
+
+    assert main(["list", "vanilla-tiny"]) == 0
+    line = capsys.readouterr().out.strip()
+    n = effiformer.create_model("vanilla-tiny").num_params()
+    assert f"{n / 1e3:.0f}K" in line.split()  # 124,672 -> 125K, counted on the meta device
+
+
+def test_errors_are_one_line_and_debug_shows_the_traceback(tmp_path, capsys):
+    assert main(["eval", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("effiformer eval: error: checkpoint directory")
+    proc = subprocess.run(
+        [sys.executable, "-m", "effiformer", "eval", str(tmp_path / "nope"), "--debug"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 1 and "Traceback" in proc.stderr and "CheckpointError" in proc.stderr
+
+
+def test_unexpected_errors_are_one_line_too(monkeypatch, capsys):
+    from effiformer.cli import list_cmd
+
+    def broken(args):
+        raise RuntimeError("something inside broke")
+
+    monkeypatch.setattr(list_cmd, "run", broken)
+    assert main(["list"]) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        "effiformer list: error: RuntimeError: something inside broke (this looks like a bug; "
+        "rerun with --debug for the traceback)\n"
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# generate
+# ------------------------------------------------------------------------------------------------
+
+
+def test_generate_from_trained_dense_xl_and_compressive_runs(tmp_path, capsys):
+    """`effiformer generate RUN --prompt ...` on tiny runs of the three causal families: the
+    prompt, then --max-new-tokens bytes of the run's byte vocabulary; a seed fixes the sample."""
+    import torch
+
+    from effiformer import load_model
+    from effiformer.checkpoint import resolve_checkpoint
+    from effiformer.data import Vocab
+
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog\n" * 200)
+    for name in ("vanilla-tiny", "xl-tiny", "compressive-tiny"):
+        run = tmp_path / name
+        argv = ["train", name, "--data", str(text), "--format", "text", "--steps", "3",
+                "--batch", "2", "--seq-len", "16", "--eval-every", "0", "--eval-tokens", "64",
+                "--no-progress", "--device", "cpu", "--out", str(run)]  # fmt: skip
+        assert main(argv) == 0
+        capsys.readouterr()
+        gen = ["generate", str(run), "--prompt", "the quick", "--max-new-tokens", "24",
+               "--top-k", "5", "--seed", "3", "--device", "cpu"]  # fmt: skip
+        assert main(gen) == 0
+        first = capsys.readouterr().out
+        assert main(gen) == 0
+        assert capsys.readouterr().out == first  # same seed, same text
+        assert first.startswith("the quick")
+        # the Python API on the run directory gives the same sample
+        model = load_model(run).eval()
+        vocab = Vocab.from_json((resolve_checkpoint(run) / "vocab.json").read_text())
+        ids = vocab.encode("the quick")[None, :]  # (1, 9)
+        out = model.generate(ids, 24, top_k=5, generator=torch.Generator().manual_seed(3))
+        assert out.shape == (1, 9 + 24)
+        expected = vocab.decode(out[0])
+        assert first == expected + ("" if expected.endswith("\n") else "\n")
+    assert main(["generate", str(tmp_path / "vanilla-tiny"), "--temperature", "-1"]) == 2
+    assert "temperature" in capsys.readouterr().err

@@ -12,7 +12,6 @@ from effiformer import create_model
 from effiformer.bench.decoding import decoding_latency, trimmed_mean
 
 ROOT = Path(__file__).resolve().parents[1]
-MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
 
 
 @pytest.fixture(autouse=True)
@@ -70,11 +69,11 @@ def test_decoding_vs_hf_script_runs(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not MULTI30K.is_dir(), reason="../shared/data/multi30k is not there")
-def test_translation_multi30k_script_runs(tmp_path):
+def test_translation_multi30k_script_runs(tmp_path, data_env):
+    data_env("multi30k")
     script = _script("translation_multi30k")
     assert script.main([
-        "--max-steps", "2", "--time-budget", "600", "--eval-every", "1e9", "--eval-sentences", "4",
+        "--max-steps", "2", "--time-budget", "600", "--eval-every", "0", "--eval-sentences", "4",
         "--test-sentences", "3", "--beam", "2", "--vocab-size", "500", "--max-tokens", "512",
         "--set", "dim=32", "n_heads=2", "n_layers=1", "ffn_dim=64", "--out", str(tmp_path),
     ]) == 0  # fmt: skip
@@ -85,3 +84,47 @@ def test_translation_multi30k_script_runs(tmp_path):
     assert (tmp_path / "bleu_curve.png").is_file() and (
         tmp_path / "model" / "tokenizer.json"
     ).is_file()
+
+
+def test_translation_multi30k_script_on_a_tiny_folder(tmp_path):
+    """The script's pipeline (TranslationTask, effiformer.train.train with the seq2seq recipe,
+    evaluate_run) on a synthetic folder: no data set needed."""
+    import random
+
+    words = {"man": "Mann", "dog": "Hund", "red": "rot", "big": "groß", "a": "ein"}
+    rng = random.Random(0)
+    data = tmp_path / "data"
+    data.mkdir()
+    for split, n in (("train", 120), ("val", 6), ("test_2016_flickr", 5)):
+        pairs = [[rng.choice(list(words)) for _ in range(rng.randint(1, 6))] for _ in range(n)]
+        (data / f"{split}.en").write_text("".join(" ".join(p) + ".\n" for p in pairs))
+        (data / f"{split}.de").write_text(
+            "".join(" ".join(words[w] for w in p) + ".\n" for p in pairs)
+        )
+    script = _script("translation_multi30k")
+    out = tmp_path / "out"
+    assert script.main([
+        "--data", str(data), "--max-steps", "4", "--time-budget", "600", "--eval-every", "2",
+        "--log-every", "1", "--beam", "2", "--vocab-size", "100", "--max-tokens", "200",
+        "--model", "seq2seq-tiny", "--out", str(out),
+    ]) == 0  # fmt: skip
+    lines = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    kinds = [r["kind"] for r in lines]
+    assert kinds == ["environment", "setup"] + ["train"] * 4 + ["eval"] * 2 + ["test"]
+    setup = lines[1]["recipe"]
+    assert (setup["name"], setup["optimizer"], setup["schedule"]) == (
+        "seq2seq",
+        "adam",
+        "inverse_sqrt",
+    )
+    assert (setup["lr"], setup["warmup"], tuple(setup["betas"]), setup["eps"]) == (
+        1e-3, 1000, (0.9, 0.98), 1e-9,
+    )  # fmt: skip
+    train_s = [r["train_s"] for r in lines if r["kind"] == "train"]
+    assert train_s == sorted(train_s) and all(r["tgt_tokens"] > 0 for r in lines[2:6])
+    assert [r["step"] for r in lines if r["kind"] == "eval"] == [2, 4]
+    test = lines[-1]
+    assert test["sentences"] == 5 and test["step"] == 4 and "tok:13a" in test["bleu_signature"]
+    assert len((out / "test_2016_flickr.hyp.de").read_text().splitlines()) == 5
+    assert (out / "bleu_curve.png").is_file() and (out / "model" / "tokenizer.json").is_file()
+    assert (out / "run" / "latest").is_file()

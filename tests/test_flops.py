@@ -130,5 +130,7 @@ def test_list_shows_mult_adds_of_translation_models(capsys):
     out = capsys.readouterr().out
     assert "527M" in out and "90M" in out
     assert main(["list", "vanilla-tiny"]) == 0
-    line = capsys.readouterr().out.splitlines()[0]
-    assert line.split()[:3] == ["vanilla-tiny", "vanilla", "2"]  # no count: an empty column
+    header, line = capsys.readouterr().out.splitlines()
+    assert header.split()[:5] == ["#", "name", "family", "params", "madds"]
+    # parameters (on the meta device), then no Mult-Adds: an empty column
+    assert line.split()[:4] == ["vanilla-tiny", "vanilla", "125K", "2"]

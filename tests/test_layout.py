@@ -7,11 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
-TOOL = ROOT.parent / "shared" / "tools" / "import_circles.py"
 
 
 def test_argparse_only_in_the_cli():
@@ -35,15 +32,12 @@ def test_nothing_in_the_library_imports_the_cli():
         ), rel
 
 
-@pytest.mark.skipif(
-    not TOOL.is_file(),
-    reason=f"the import-circle tool is not at {TOOL} (../shared beside the repo)",
-)
-def test_no_import_circles():
+def test_no_import_circles(shared_tool):
+    tool = shared_tool("import_circles.py")
     proc = subprocess.run(
         [
             sys.executable,
-            str(TOOL),
+            str(tool),
             "src",
             "effiformer",
             "effiformer.registry",

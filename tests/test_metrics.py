@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,10 +29,6 @@ from effiformer.metrics import (
     spearman,
 )
 
-GLUE = (
-    Path(os.environ.get("EFFIFORMER_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
-    / "glue"
-)
 FOLDERS = {"sst2": "SST-2", "cola": "CoLA", "rte": "RTE", "stsb": "STS-B", "mrpc": "MRPC"}
 
 
@@ -184,8 +179,8 @@ def _length_ratio(examples) -> np.ndarray:
     return np.array(out)
 
 
-def _predictions(task: str, split: str, rule: str) -> tuple[np.ndarray, np.ndarray]:
-    examples = read_glue(task, GLUE / FOLDERS[task], split)
+def _predictions(glue: Path, task: str, split: str, rule: str) -> tuple[np.ndarray, np.ndarray]:
+    examples = read_glue(task, glue / FOLDERS[task], split)
     target = np.array([ex.label for ex in examples])
     if rule == "majority":
         values, counts = np.unique(target, return_counts=True)
@@ -253,9 +248,9 @@ FIGURES: dict[tuple[str, str, str, str], float] = {
 
 @pytest.mark.parametrize(("task", "split", "rule", "metrics"), CASES, ids=lambda v: str(v))
 def test_library_metrics_equal_the_hand_written_ones_on_real_dev_sets(
-    task: str, split: str, rule: str, metrics: tuple[str, ...]
+    shared_data, task: str, split: str, rule: str, metrics: tuple[str, ...]
 ) -> None:
-    pred, target = _predictions(task, split, rule)
+    pred, target = _predictions(shared_data("glue"), task, split, rule)
     for m in metrics:
         old, new = OLD[m](pred, target), NEW[m](pred, target)
         want = FIGURES[(task, split, rule, m)]

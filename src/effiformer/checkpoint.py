@@ -78,10 +78,31 @@ class CheckpointError(ValueError):
     """A missing, truncated, corrupt or mismatched checkpoint."""
 
 
+def _file_mode() -> int:
+    """The mode ``open()`` gives a new file (0666 less the umask; 0644 under the usual 022).
+    ``mkstemp`` creates 0600, which would make checkpoints unreadable to other users."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def _mkstemp(directory: Path, prefix: str, suffix: str) -> tuple[int, str]:
+    """``tempfile.mkstemp`` with the mode of an ordinary new file."""
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=prefix, suffix=suffix)
+    try:
+        os.fchmod(fd, _file_mode())
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    return fd, tmp
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same folder and ``os.replace``."""
+    """Write ``data`` to ``path`` via a temporary file in the same folder and ``os.replace``
+    (the file gets the mode of an ordinary new file, 0644 under the usual umask)."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _mkstemp(path.parent, f".{path.name}.", ".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -106,7 +127,8 @@ def save_model(model: nn.Module, directory: str | os.PathLike, *, name: str | No
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".model.", suffix=".safetensors.tmp")
     os.close(fd)
     try:
-        _st_save_model(model, tmp)  # handles tied (shared) weights
+        _st_save_model(model, tmp)  # handles tied (shared) weights; writes a new file
+        os.chmod(tmp, _file_mode())
         os.replace(tmp, directory / WEIGHTS)
     finally:
         if os.path.exists(tmp):
@@ -140,8 +162,13 @@ def load_config(directory: str | os.PathLike) -> ModelConfig:
 def load_model(
     directory: str | os.PathLike, *, map_location: str | torch.device = "cpu"
 ) -> nn.Module:
-    """Rebuild the model recorded in ``directory`` and load its weights (strict: every key)."""
+    """Rebuild the model recorded in ``directory`` and load its weights (strict: every key).
+
+    ``directory``: a model checkpoint (:func:`save_model`), a run checkpoint, or a run directory
+    of ``effiformer train`` (its ``latest`` checkpoint, :func:`resolve_checkpoint`)."""
     directory = Path(directory)
+    if directory.is_dir() and not (directory / CONFIG).exists():
+        directory = resolve_checkpoint(directory)
     config = load_config(directory)
     weights = directory / WEIGHTS
     if not weights.is_file():

@@ -354,7 +354,7 @@ class RecipeChoice:
     recipe: TrainRecipe
     values: dict[str, Any]
     overridden: tuple[str, ...]
-    steps: int
+    steps: int | None
     warmup_capped: tuple[int, int] | None = None
 
     def describe(self) -> str:
@@ -367,19 +367,21 @@ class RecipeChoice:
 
 
 def apply_recipe(
-    recipe: TrainRecipe, *, steps: int, overrides: Mapping[str, Any] | None = None
+    recipe: TrainRecipe, *, steps: int | None, overrides: Mapping[str, Any] | None = None
 ) -> RecipeChoice:
     """``recipe``'s values with ``overrides`` (a subset of :data:`RECIPE_FIELDS`) applied for a
     run of ``steps`` steps. A recipe warmup longer than 10% of the run is capped at
-    ``max(1, steps // 10)`` unless ``warmup`` is overridden; nothing else changes."""
+    ``max(1, steps // 10)`` unless ``warmup`` is overridden; nothing else changes. ``steps=None``
+    (a schedule the trainer sizes from a time budget): no cap here, the trainer applies it
+    (``TrainConfig.planned_warmup_cap``)."""
     overrides = dict(overrides or {})
     bad = sorted(set(overrides) - set(RECIPE_FIELDS))
     if bad:
         raise ConfigError(f"{bad[0]!r} is not a recipe field; recipe fields: {RECIPE_FIELDS}")
     values = recipe.values()
     capped = None
-    cap = max(1, steps // 10)
-    if "warmup" not in overrides and values["warmup"] > cap:
+    cap = max(1, steps // 10) if steps is not None else None
+    if cap is not None and "warmup" not in overrides and values["warmup"] > cap:
         capped = (values["warmup"], cap)
         values["warmup"] = cap
     values.update(overrides)

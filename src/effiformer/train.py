@@ -9,9 +9,11 @@
   Each family's paper recipe (:mod:`effiformer.recipes`) fills these fields in ``effiformer
   train``; :class:`TrainConfig`'s own defaults are the project's GPT-2-style default.
 * Step: the global batch of ``task.batch_size`` rows is split across DDP ranks, then into
-  ``grad_accum`` equal micro-batches; each micro-batch differentiates
+  ``grad_accum`` micro-batches (``Batch.split``); each micro-batch differentiates
   ``out.total_loss / grad_accum`` (task loss plus aux losses), so accumulation changes memory use,
-  not the result. Then gradient clipping (global norm; parameters trained only by an aux loss,
+  not the result. Batches with row weights (``Batch.weights``: translation's target tokens per
+  row) weigh each micro-batch of each rank by its share of the global batch's weight instead
+  (:func:`_micro_scales`), which keeps a per-token mean loss exact under accumulation and DDP. Then gradient clipping (global norm; parameters trained only by an aux loss,
   ``model.aux_parameters()``, are clipped as a group of their own, :func:`clip_gradients`), the
   optimiser and scheduler steps, and ``model.apply_updates(out.updates)`` (no-grad buffer
   updates, averaged over micro-batches and ranks; a deliberate simplification for online k-means
@@ -25,10 +27,19 @@
   batch and the reported loss is the all-reduced mean over the global batch, so N processes
   follow the loss curve of one process with the same global batch. Only rank 0 evaluates and
   writes files or progress.
+* Time budget (``time_budget``): the run stops when it is spent; without ``steps`` the schedule
+  is sized from the measured step time (see :class:`TrainConfig`). Under DDP the ranks share one
+  clock (the slowest rank's, all-reduced), so they stop at the same step with the same schedule.
+* Stop requests (``train(..., stop=...)``, Ctrl-C in the CLI): the step finishes, a checkpoint
+  is written, ``stop_reason`` is ``"interrupted"``. A non-finite loss or gradient norm raises
+  ``FloatingPointError`` naming the last checkpoint; weights that became non-finite are never
+  saved.
 * Evaluation every ``eval_every`` steps and at the end, under a forked RNG so it never changes
   the training trajectory. Records go to ``OUT/metrics.jsonl``: ``{"step", "loss", "lr",
-  "tokens_per_s"}`` per training step and ``{"step", "val_bpc" | "val_ppl", "val_loss",
-  "val_tokens"}`` per evaluation.
+  "tokens_per_s", "step_s"}`` per training step (``"loss_weight"``: the step's summed
+  :attr:`~effiformer.tasks.Batch.weights`, for weighted tasks) and ``{"step", "val_bpc" |
+  "val_ppl", "val_loss", "val_tokens"}`` per evaluation; a time budget adds what it
+  decided (``{"step", "total_steps", "warmup", "step_s", "budget_s"}``).
 
 Checkpoints (every ``checkpoint_every`` steps and at the end) are run checkpoints
 (:func:`effiformer.checkpoint.save_run_checkpoint`: atomic, with a ``latest`` pointer and
@@ -98,7 +109,12 @@ class TrainConfig:
 
     ``steps``: optimiser steps in all (the schedule's length; on resume, the total including the
     steps already done). ``time_budget``: stop after this many seconds of this call, whichever
-    of the two comes first. ``optimizer``: one of :data:`~effiformer.recipes.OPTIMIZERS`;
+    of the two comes first; ``time_budget_counts_eval=False`` leaves evaluations and checkpoints
+    out of those seconds. ``steps=None`` with a ``time_budget`` sizes the schedule from the
+    budget: the first steps are timed and the schedule's length set to the steps that fit
+    (re-estimated at 25/50/75% of the budget), with ``warmup`` capped at ``planned_warmup_cap``
+    of it (None: not capped), so decay ends with the budget (see :func:`train`); on resume
+    without a budget, ``steps=None`` continues to the length planned before. ``optimizer``: one of :data:`~effiformer.recipes.OPTIMIZERS`;
     ``betas`` (Adam/AdamW) and ``eps``; ``weight_decay`` on every parameter but those the
     ``no_decay`` rule excludes (:data:`~effiformer.recipes.NO_DECAY_RULES`). ``schedule``: one of
     :data:`~effiformer.recipes.SCHEDULES` after ``warmup`` linear warmup steps, decaying to
@@ -116,7 +132,7 @@ class TrainConfig:
     loop does not read them.
     """
 
-    steps: int = 1000
+    steps: int | None = 1000
     optimizer: str = "adamw"
     lr: float = 1e-3
     betas: tuple[float, float] = (0.9, 0.99)
@@ -132,6 +148,8 @@ class TrainConfig:
     device: str = "auto"
     bf16: bool | None = None
     time_budget: float | None = None
+    time_budget_counts_eval: bool = True
+    planned_warmup_cap: float | None = 0.1
     eval_every: int | None = 200
     eval_split: str = "valid"
     checkpoint_every: int | None = None
@@ -146,8 +164,18 @@ class TrainConfig:
     find_unused_parameters: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("steps", "grad_accum", "log_every"):
+        for name in ("grad_accum", "log_every"):
             _check_int(name, getattr(self, name), 1)
+        if self.steps is not None:
+            _check_int("steps", self.steps, 1)
+        elif self.time_budget is None and self.resume is None:
+            raise ConfigError(
+                "steps=None sizes the schedule from time_budget; give steps or a time_budget"
+            )
+        if self.planned_warmup_cap is not None and not 0.0 < self.planned_warmup_cap <= 1.0:
+            raise ConfigError(
+                f"planned_warmup_cap must be in (0, 1] or None, got {self.planned_warmup_cap!r}"
+            )
         _check_int("warmup", self.warmup, 0)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ConfigError(f"seed must be an int, got {self.seed!r}")
@@ -259,8 +287,10 @@ def lr_factor(
 class TrainHistory:
     """What :func:`train` did. ``train``: one record per step ``{"step", "loss", "lr",
     "tokens_per_s", ...}`` (every rank); ``evals``: evaluation records (rank 0 only);
-    ``start_step``: the step resumed from (0 for a fresh run); ``stop_reason``: "steps" or
-    "time_budget"; ``checkpoint``: the last checkpoint written (None without ``out_dir``).
+    ``start_step``: the step resumed from (0 for a fresh run); ``stop_reason``: "steps",
+    "time_budget" or "interrupted" (a graceful stop through ``stop``); ``checkpoint``: the last
+    checkpoint written (None without ``out_dir``); ``schedule``: what a time budget decided
+    (one record per estimate: ``{"step", "total_steps", "warmup", "step_s", "budget_s"}``).
     """
 
     train: list[dict[str, Any]] = field(default_factory=list)
@@ -270,6 +300,7 @@ class TrainHistory:
     stop_reason: str = "steps"
     checkpoint: str | None = None
     seconds: float = 0.0
+    schedule: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def losses(self) -> list[float]:
@@ -376,11 +407,17 @@ def _save_checkpoint(
     states: list[Any],
     config: TrainConfig,
     d: _Dist,
+    plan: dict[str, int],
 ) -> Path | None:
-    """Write the checkpoint of ``step`` (collective under DDP: every rank calls, rank 0 writes)."""
+    """Write the checkpoint of ``step`` (collective under DDP: every rank calls, rank 0 writes).
+    Every rank's part carries a checksum of its parameters (``param_checksum``: the float64 sum),
+    so that a checkpoint shows the ranks agreed."""
+    with torch.no_grad():
+        checksum = float(sum(p.detach().double().sum().item() for p in module.parameters()))
     payload = {
         "rng": _rng_state(),
         "states": _map_tensors(states, lambda t: t.detach().cpu()),
+        "param_checksum": checksum,
     }
     if d.active:
         gathered: list[Any] | None = [None] * d.world if d.rank == 0 else None
@@ -397,6 +434,7 @@ def _save_checkpoint(
         "scheduler": scheduler.state_dict(),
         "task": task.state_dict(),
         "ranks": ranks,
+        "schedule": dict(plan),
     }
     return save_run_checkpoint(
         out_dir,
@@ -420,7 +458,7 @@ def _load_training_state(
     d: _Dist,
     grad_accum: int,
     device: torch.device,
-) -> tuple[int, list[Any]]:
+) -> tuple[int, list[Any], dict[str, int] | None]:
     state = read_trainer_state(directory, module, device)
     try:
         optimizer.load_state_dict(state["optimizer"])
@@ -449,7 +487,8 @@ def _load_training_state(
         )
         _set_rng_state(ranks[0]["rng"])
     logger.info("resumed from %s at step %d", directory, state["step"])
-    return int(state["step"]), states
+    plan = state.get("schedule")
+    return int(state["step"]), states, (dict(plan) if plan else None)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -536,10 +575,22 @@ class _Metrics:
             f.write(json.dumps(record) + "\n")
 
 
-def train(model: nn.Module, task: Any, config: TrainConfig | None = None) -> TrainHistory:
+def train(
+    model: nn.Module, task: Any, config: TrainConfig | None = None, *, stop: Any = None
+) -> TrainHistory:
     """Train ``model`` on ``task`` in place (see the module docstring); return the history.
 
     Under ``torchrun`` every process calls this with the same arguments.
+
+    ``stop``: a graceful-stop request (the command line passes its Ctrl-C handler, a
+    ``GracefulInterrupt`` of its ``common`` module): any object whose ``requested`` attribute
+    becomes true. It is read after every step (under DDP the ranks agree, an all-reduce); once
+    true the loop ends after the step in progress, writes a checkpoint of that step (from which
+    ``resume`` continues exactly) and returns with ``stop_reason="interrupted"``, skipping the
+    final evaluation. If it has an ``abortable()`` context manager, evaluations run inside it
+    (its owner may raise ``KeyboardInterrupt`` there to abandon an evaluation; that evaluation is
+    then dropped and the run stops as above). Without ``stop`` a ``KeyboardInterrupt``
+    propagates as usual and the last checkpoint written stays the newest.
     """
     config = TrainConfig() if config is None else config
     if not isinstance(config, TrainConfig):
@@ -551,7 +602,7 @@ def train(model: nn.Module, task: Any, config: TrainConfig | None = None) -> Tra
             raise TypeError(f"task must implement effiformer.tasks.Task; it lacks {attr}()")
     d = _init_distributed(config.device)
     try:
-        history = _train(model, task, config, d)
+        history = _train(model, task, config, d, stop)
         if d.owns_group:
             # Every rank is done (rank 0 writes the last checkpoint after the others have sent
             # their part) before any tears the group down: a rank that destroyed its gloo group
@@ -563,8 +614,138 @@ def train(model: nn.Module, task: Any, config: TrainConfig | None = None) -> Tra
             dist.destroy_process_group()
 
 
-def _train(model: nn.Module, task: Any, config: TrainConfig, d: _Dist) -> TrainHistory:
+def _now() -> float:
+    """The clock of time budgets (a function, so that tests can drive it)."""
+    return time.monotonic()
+
+
+def _micro_scales(
+    micro: list[Any], d: _Dist, device: torch.device
+) -> tuple[list[float], list[float], float] | None:
+    """How much each micro-batch's mean loss weighs in the step: ``(scales, weights, total
+    weight)``, or ``None`` for the plain ``1 / grad_accum`` of equal micro-batches.
+
+    A micro-batch weighs what its :attr:`~effiformer.tasks.Batch.weight` says (its count of
+    target tokens, for losses that are per-token means) or, without one, its rows when the rows
+    did not split evenly. The step's gradient is then the gradient of the loss over the whole
+    global batch: micro-batch ``i`` of rank ``r`` backpropagates ``loss * w * world / W``
+    (``W``: the weights of every rank, all-reduced), and DDP's average over ranks divides the
+    ``world`` out again.
+    """
+    weights = [mb.weight for mb in micro]
+    if any(w is None for w in weights):
+        if len({mb.rows for mb in micro}) == 1:
+            return None
+        weights = [float(mb.rows) for mb in micro]
+    local = float(sum(weights))
+    total = local
+    if d.active:
+        t = torch.tensor([local], dtype=torch.float64, device=device)
+        dist.all_reduce(t)
+        total = float(t.item())
+    if not total > 0:
+        raise ValueError("a training batch has no target tokens (every micro-batch weighs 0)")
+    return [w * d.world / total for w in weights], weights, total
+
+
+def _agree(values: list[float], d: _Dist, device: torch.device) -> list[float]:
+    """The element-wise maximum of ``values`` over all ranks (stop flags, elapsed time), so that
+    every rank takes the same decision."""
+    if not d.active:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+class _BudgetPlanner:
+    """Sizes the schedule from the time budget (``steps=None``) or warns that a fixed schedule
+    will not fit it; see :class:`TrainConfig`. ``plan`` (``total``, ``warmup``) is what the lr
+    schedule reads."""
+
+    MARKS = (0.25, 0.5, 0.75)
+
+    def __init__(self, config: TrainConfig, plan: dict[str, int], start_step: int) -> None:
+        self.config = config
+        self.plan = plan
+        self.start = start_step
+        self.t_first: float | None = None  # elapsed when the first step of this call ended
+        self.first_done = False
+        self.marks = list(self.MARKS)
+        self.active = config.time_budget is not None
+
+    def after_step(self, step: int, elapsed: float) -> dict[str, Any] | None:
+        """Called after every step with the budget clock; returns a plan record when it planned."""
+        if not self.active:
+            return None
+        budget = float(self.config.time_budget)  # type: ignore[arg-type]
+        done = step - self.start
+        if done == 1:
+            self.t_first = elapsed
+            return None
+        if self.t_first is None or done < 2:
+            return None
+        if not self.first_done:
+            if done < 5 and elapsed < 0.1 * budget:
+                return None
+        elif not (self.marks and elapsed >= self.marks[0] * budget):
+            return None
+        step_s = (elapsed - self.t_first) / (done - 1)
+        fits = step + int(max(0.0, budget - elapsed) / max(step_s, 1e-9))
+        first = not self.first_done
+        self.first_done = True
+        while self.marks and elapsed >= self.marks[0] * budget:
+            self.marks.pop(0)
+        if self.config.steps is not None:  # a fixed schedule: only say when it cannot fit
+            self.active = False
+            if fits < self.plan["warmup"]:
+                logger.warning(
+                    "the time budget (%.0f s at %.3g s/step) fits about %d steps, fewer than the "
+                    "warmup (%d of %d steps): the run will end in warmup; leave out steps "
+                    "(--steps) to size the schedule from the budget",
+                    budget,
+                    step_s,
+                    fits,
+                    self.plan["warmup"],
+                    self.config.steps,
+                )
+            return None
+        total = max(fits, step + 1)
+        warmup = self.plan["warmup"]
+        note = ""
+        if first:
+            cap = self.config.planned_warmup_cap
+            if cap is not None and step < warmup and warmup > cap * total:  # still warming up
+                capped = max(1, int(cap * total), step)
+                note = f" (warmup {warmup} capped to {capped}, {cap:.0%} of the run)"
+                warmup = capped
+        self.plan.update(total=total, warmup=warmup)
+        record = {
+            "step": step,
+            "total_steps": total,
+            "warmup": warmup,
+            "step_s": step_s,
+            "budget_s": budget,
+        }
+        logger.info(
+            "time budget %.0f s at %.3g s/step (steps %d-%d): schedule sized to %d steps, "
+            "warmup %d%s",
+            budget,
+            step_s,
+            self.start + 2,
+            step,
+            total,
+            warmup,
+            note,
+        )
+        return record
+
+
+def _train(model: nn.Module, task: Any, config: TrainConfig, d: _Dist, stop: Any) -> TrainHistory:
     from tqdm.auto import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    from .progress import progress_enabled
 
     t_begin = time.monotonic()
     device = _resolve_device(config.device, d)
@@ -585,18 +766,22 @@ def _train(model: nn.Module, task: Any, config: TrainConfig, d: _Dist) -> TrainH
             )
         if d.rank == 0:
             out_dir.mkdir(parents=True, exist_ok=True)
+    if config.steps is None and config.time_budget is None and resume_dir is None:
+        raise ConfigError("steps=None sizes the schedule from time_budget; give one of them")
 
     if resume_dir is None:
         _seed_everything(config.seed + d.rank)
     module = model.to(device)
     module.train()
     optimizer = make_optimizer(module, config)
+    # What the lr schedule reads: its length and warmup (a time budget may resize them).
+    plan = {"total": config.steps or 0, "warmup": config.warmup}
 
     def schedule(step: int) -> float:
         return lr_factor(
             step,
-            warmup=config.warmup,
-            total=config.steps,
+            warmup=plan["warmup"],
+            total=plan["total"] or 10**9,  # not yet sized from the budget: no decay yet
             min_lr_ratio=config.min_lr_ratio,
             schedule=config.schedule,
         )
@@ -605,10 +790,23 @@ def _train(model: nn.Module, task: Any, config: TrainConfig, d: _Dist) -> TrainH
     accum = config.grad_accum
     step, states = 0, [None] * accum
     if resume_dir is not None:
-        step, states = _load_training_state(
+        step, states, saved_plan = _load_training_state(
             resume_dir, module, optimizer, scheduler, task, d, accum, device
         )
+        if saved_plan is not None and config.steps is None:
+            plan.update(saved_plan)  # continue the planned schedule until this call re-plans it
+    if config.steps is None and config.time_budget is None and plan["total"] < 1:
+        raise ConfigError(
+            f"steps=None continues the schedule planned from a time budget, but "
+            f"{str(resume_dir)!r} records none; give steps or a time_budget"
+        )
     history = TrainHistory(start_step=step, step=step)
+    if config.steps is not None:
+        limit = float(config.steps)
+    elif config.time_budget is not None:
+        limit = math.inf  # the budget ends the run
+    else:
+        limit = float(plan["total"])
 
     runner: nn.Module = module
     if d.active:
@@ -624,123 +822,220 @@ def _train(model: nn.Module, task: Any, config: TrainConfig, d: _Dist) -> TrainH
     split_prefix = {"valid": "val", "test": "test", "train": "train"}[config.eval_split]
 
     is_main = d.rank == 0
+    show = bool(config.progress and is_main)
     metrics = _Metrics(
         out_dir / METRICS if (out_dir is not None and is_main) else None,
         step if resume_dir is not None else None,
     )
+    abortable = getattr(stop, "abortable", None)
+    excluded = 0.0  # seconds the budget does not count (time_budget_counts_eval=False)
+
+    def stop_requested() -> bool:
+        return stop is not None and bool(getattr(stop, "requested", False))
 
     def evaluate() -> None:
+        nonlocal excluded
+        t0 = _now()
         if is_main:
-            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-                result = task.evaluate(
-                    module, config.eval_split, device=device, autocast=autocast()
+            guard = abortable() if callable(abortable) else contextlib.nullcontext()
+            try:
+                with guard, progress_enabled(show):
+                    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+                        result = task.evaluate(
+                            module, config.eval_split, device=device, autocast=autocast()
+                        )
+            except KeyboardInterrupt:
+                if not stop_requested():
+                    raise
+                logger.warning("evaluation at step %d abandoned (interrupted)", step)
+                result = None
+            if result is not None:
+                record = {"step": step}
+                record.update({f"{split_prefix}_{k}": v for k, v in result.items()})
+                history.evals.append(record)
+                metrics.write(record)
+                logger.info(
+                    "step %d: %s %s %.4f",
+                    step,
+                    config.eval_split,
+                    metric,
+                    result.get(metric, math.nan),
                 )
-            record = {"step": step}
-            record.update({f"{split_prefix}_{k}": v for k, v in result.items()})
-            history.evals.append(record)
-            metrics.write(record)
-            logger.info(
-                "step %d: %s %s %.4f", step, config.eval_split, metric, result.get(metric, math.nan)
-            )
         if d.active:
             dist.barrier()
+        if not config.time_budget_counts_eval:
+            excluded += _now() - t0
+
+    def kept(loss_at: int | None = None) -> str:
+        if history.checkpoint and loss_at is not None and last_ckpt == loss_at - 1:
+            return (
+                f"the last checkpoint, {history.checkpoint}, holds the weights that gave this "
+                "loss: resume from an earlier one (keep_checkpoints / --keep keeps more)"
+            )
+        if history.checkpoint:
+            return f"the last checkpoint, {history.checkpoint}, is unchanged"
+        if resume_dir is not None:
+            return f"the checkpoint resumed from, {resume_dir}, is unchanged"
+        return "no checkpoint was written"
+
+    def diverged(what: str, loss_at: int | None = None) -> FloatingPointError:
+        return FloatingPointError(
+            f"{what}; lower the learning rate (lr={config.lr}) or enable clipping; {kept(loss_at)}"
+        )
 
     def checkpoint() -> None:
+        nonlocal excluded
         if out_dir is None:
             return
+        with torch.no_grad():
+            finite = all(bool(torch.isfinite(p).all()) for p in module.parameters())
+        if not finite:  # never save weights a diverging update broke
+            raise diverged(f"the weights are not finite after step {step}")
+        t0 = _now()
         path = _save_checkpoint(
-            out_dir, step, module, optimizer, scheduler, task, states, config, d
+            out_dir, step, module, optimizer, scheduler, task, states, config, d, plan
         )
         if path is not None:
             history.checkpoint = str(path)
+        if not config.time_budget_counts_eval:
+            excluded += _now() - t0
 
     last_eval = last_ckpt = None
-    if step >= config.steps:
-        logger.info("already at step %d of %d: nothing to train", step, config.steps)
+    if step >= limit:
+        logger.info("already at step %d of %d: nothing to train", step, int(limit))
+    planner = _BudgetPlanner(config, plan, step)
     bar = tqdm(
-        total=config.steps,
+        total=None if math.isinf(limit) else int(limit),
         initial=step,
         desc="train",
         file=sys.stderr,
-        disable=not (config.progress and is_main),
+        disable=not show,
         dynamic_ncols=True,
     )
-    t_loop = time.monotonic()
-    try:
-        while step < config.steps:
-            if config.time_budget is not None and time.monotonic() - t_loop >= config.time_budget:
-                history.stop_reason = "time_budget"
-                break
-            t0 = time.perf_counter()
-            batch = next(batches)
-            micro = batch.split(accum) if accum > 1 else [batch]
-            lr = optimizer.param_groups[0]["lr"]
-            optimizer.zero_grad(set_to_none=True)
-            loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-            aux_sum = torch.zeros((), dtype=torch.float64, device=device)
-            updates: list[dict[str, Tensor]] = []
-            for m, mb in enumerate(micro):
-                mb = mb.to(device)
-                if init_state is not None and (states[m] is None or mb.new_stream):
-                    states[m] = init_state(mb.rows, device)
-                sync = runner.no_sync() if d.active and m < accum - 1 else contextlib.nullcontext()
-                with sync:
-                    with autocast():
-                        out = task.forward(runner, mb, states[m])
-                        total = out.total_loss
-                    (total / accum).backward()
-                states[m] = _map_tensors(out.state, lambda t: t.detach())
-                loss_sum += out.loss.detach().double()
-                aux_sum += (total - out.loss).detach().double()
-                if out.updates:
-                    updates.append(out.updates)
-            grad_norm = aux_norm = None
-            if config.clip is not None:
-                grad_norm, aux_norm = clip_gradients(module, config.clip)
-            optimizer.step()
-            scheduler.step()
-            after_optimizer_step(module)
-            if apply_updates is not None:
-                avg = _average_updates(updates, d)
-                if avg:
-                    apply_updates(avg)
-            stats = torch.stack([loss_sum, aux_sum]) / accum
-            if d.active:
-                dist.all_reduce(stats)
-                stats = stats / d.world
-            loss, aux = (float(v) for v in stats.tolist())
-            step += 1
-            history.step = step
-            if not math.isfinite(loss):
-                raise FloatingPointError(
-                    f"the training loss is {loss} at step {step}; lower the learning rate "
-                    f"(lr={config.lr}) or enable clipping"
-                )
-            dt = time.perf_counter() - t0
-            tokens_per_s = batch.num_tokens * d.world / dt
-            record = {"step": step, "loss": loss, "lr": lr, "tokens_per_s": tokens_per_s}
-            if updates or aux:
-                record["total_loss"] = loss + aux
-            if grad_norm is not None:
-                record["grad_norm"] = grad_norm
-            if aux_norm is not None:
-                record["aux_grad_norm"] = aux_norm
-            history.train.append(record)
-            if step % config.log_every == 0:
-                metrics.write(record)
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
-            if config.eval_every is not None and step % config.eval_every == 0:
-                evaluate()
-                last_eval = step
-            if config.checkpoint_every is not None and step % config.checkpoint_every == 0:
-                checkpoint()
-                last_ckpt = step
-    finally:
-        bar.close()
-    if last_eval != step:
-        evaluate()
-    if last_ckpt != step:
-        checkpoint()
+    redirect = logging_redirect_tqdm() if show else contextlib.nullcontext()
+    t_loop = _now()
+    interrupted = False
+    with redirect:
+        try:
+            while step < limit:
+                checks = []
+                if stop is not None:
+                    checks.append(float(stop_requested()))
+                if config.time_budget is not None:
+                    checks.append(_now() - t_loop - excluded)
+                checks = _agree(checks, d, device) if checks else checks
+                if stop is not None and checks.pop(0):
+                    interrupted = True
+                    break
+                elapsed = checks[0] if checks else 0.0
+                if config.time_budget is not None and elapsed >= config.time_budget:
+                    history.stop_reason = "time_budget"
+                    break
+                if planner.active and step > planner.start:
+                    record = planner.after_step(step, elapsed)
+                    if record is not None:
+                        history.schedule.append(record)
+                        metrics.write(record)
+                        bar.total = record["total_steps"]
+                        bar.refresh()
+                t0 = time.perf_counter()
+                batch = next(batches)
+                micro = batch.split(accum) if accum > 1 else [batch]
+                weighting = _micro_scales(micro, d, device)
+                lr = optimizer.param_groups[0]["lr"]
+                optimizer.zero_grad(set_to_none=True)
+                loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+                aux_sum = torch.zeros((), dtype=torch.float64, device=device)
+                updates: list[dict[str, Tensor]] = []
+                for m, mb in enumerate(micro):
+                    mb = mb.to(device)
+                    if init_state is not None and (states[m] is None or mb.new_stream):
+                        states[m] = init_state(mb.rows, device)
+                    sync = (
+                        runner.no_sync() if d.active and m < accum - 1 else contextlib.nullcontext()
+                    )
+                    with sync:
+                        with autocast():
+                            out = task.forward(runner, mb, states[m])
+                            total = out.total_loss
+                        if weighting is None:
+                            (total / accum).backward()
+                        else:
+                            (total * weighting[0][m]).backward()
+                    states[m] = _map_tensors(out.state, lambda t: t.detach())
+                    if weighting is None:
+                        loss_sum += out.loss.detach().double()
+                        aux_sum += (total - out.loss).detach().double()
+                    else:  # weighted sums; divided by the all-reduced weight below
+                        w = weighting[1][m]
+                        loss_sum += out.loss.detach().double() * w
+                        aux_sum += (total - out.loss).detach().double() * w
+                    if out.updates:
+                        updates.append(out.updates)
+                grad_norm = aux_norm = None
+                if config.clip is not None:
+                    grad_norm, aux_norm = clip_gradients(module, config.clip)
+                    if not math.isfinite(grad_norm):  # raise before the update breaks the weights
+                        raise diverged(f"the gradient norm is {grad_norm} at step {step + 1}")
+                optimizer.step()
+                scheduler.step()
+                after_optimizer_step(module)
+                if apply_updates is not None:
+                    avg = _average_updates(updates, d)
+                    if avg:
+                        apply_updates(avg)
+                if weighting is None:
+                    stats = torch.stack([loss_sum, aux_sum]) / accum
+                    if d.active:
+                        dist.all_reduce(stats)
+                        stats = stats / d.world
+                else:
+                    stats = torch.stack([loss_sum, aux_sum])
+                    if d.active:
+                        dist.all_reduce(stats)
+                    stats = stats / weighting[2]
+                loss, aux = (float(v) for v in stats.tolist())
+                step += 1
+                history.step = step
+                if not math.isfinite(loss):
+                    raise diverged(f"the training loss is {loss} at step {step}", step)
+                dt = time.perf_counter() - t0
+                tokens_per_s = batch.num_tokens * d.world / dt
+                record = {
+                    "step": step,
+                    "loss": loss,
+                    "lr": lr,
+                    "tokens_per_s": tokens_per_s,
+                    "step_s": dt,
+                }
+                if weighting is not None:
+                    record["loss_weight"] = weighting[2]  # what the loss averaged over
+                if updates or aux:
+                    record["total_loss"] = loss + aux
+                if grad_norm is not None:
+                    record["grad_norm"] = grad_norm
+                if aux_norm is not None:
+                    record["aux_grad_norm"] = aux_norm
+                history.train.append(record)
+                if step % config.log_every == 0:
+                    metrics.write(record)
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
+                if config.eval_every is not None and step % config.eval_every == 0:
+                    evaluate()
+                    last_eval = step
+                if config.checkpoint_every is not None and step % config.checkpoint_every == 0:
+                    checkpoint()
+                    last_ckpt = step
+        finally:
+            bar.close()
+        if interrupted:
+            logger.info("stopping at step %d (interrupted)", step)
+        elif last_eval != step:
+            evaluate()
+        if interrupted or stop_requested():
+            history.stop_reason = "interrupted"
+        if last_ckpt != step:
+            checkpoint()
     history.seconds = time.monotonic() - t_begin
     return history

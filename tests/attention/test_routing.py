@@ -479,7 +479,8 @@ def test_reference_row_takes_the_clusters_and_window_of_our_first_layer():
     wl.step_loss(out).backward()
 
 
-def test_routing_vs_vanilla_script_records_both_models(tmp_path):
+def test_routing_vs_vanilla_script_records_both_models(tmp_path, data_env):
+    data_env("tinyshakespeare/input.txt")  # the script's corpus
     import importlib.util
 
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "routing_vs_vanilla.py"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import pickle
 import zipfile
 from pathlib import Path
@@ -25,12 +24,6 @@ from effiformer.data import (
     read_wikitext,
 )
 from effiformer.data.corpora import _split_sizes
-
-# ../shared beside the checkout (CI lays a copy there); EFFIFORMER_DATA overrides.
-REAL_PTB = (
-    Path(os.environ.get("EFFIFORMER_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
-    / "ptb"
-)
 
 
 def _ids(values: list[int] | bytes) -> torch.Tensor:
@@ -256,14 +249,15 @@ def test_ptb_char_from_word_files_and_from_char_files(tmp_path: Path) -> None:
         torch.testing.assert_close(a, b)
 
 
-def test_real_ptb_vocab_and_token_counts() -> None:
-    """Always runs: ../shared/data/ptb is present in CI, a missing copy must fail loudly."""
-    ptb = load_corpus(REAL_PTB, "ptb")
+def test_real_ptb_vocab_and_token_counts(shared_data) -> None:
+    """The real PTB (the shared_data fixture: skipped without it, an error in CI)."""
+    real_ptb = shared_data("ptb")
+    ptb = load_corpus(real_ptb, "ptb")
     assert ptb.vocab.size == 10_000  # 9,999 word types (with <unk>) + <eos>
     assert ptb.vocab.tokens[:3] == ("the", "<unk>", "<eos>")
     assert [s.numel() for s in _splits(ptb)] == [929_589, 73_760, 82_430]
     assert ptb.vocab.decode(ptb.train[:4]) == "aer banknote berlitz calloway"
-    char = load_corpus(REAL_PTB, "ptb-char")
+    char = load_corpus(real_ptb, "ptb-char")
     assert char.vocab.size == 50  # 49 characters ("_" included) + <eos>
     assert [s.numel() for s in _splits(char)] == [5_017_482, 393_042, 442_423]
     assert char.vocab.decode(char.train[:20]) == "aer_banknote_berlitz"

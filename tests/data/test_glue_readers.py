@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from pathlib import Path
 
@@ -11,12 +10,14 @@ import pytest
 
 from effiformer.data.glue import GLUE_TASKS, MRPC_DEV_SIZE, GlueError, read_glue
 
-# ../shared beside the checkout (CI lays a copy there); EFFIFORMER_DATA overrides.
-GLUE = (
-    Path(os.environ.get("EFFIFORMER_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
-    / "glue"
-)
 FOLDERS = {"sst2": "SST-2", "cola": "CoLA", "rte": "RTE", "stsb": "STS-B", "mrpc": "MRPC"}
+
+
+@pytest.fixture
+def glue(shared_data) -> Path:
+    """The real GLUE folders (skipped without them; an error in CI, see conftest.py)."""
+    return shared_data("glue")
+
 
 # (task, split) -> (rows, label counts) from the folders' READMEs (MRPC dev/train: our split).
 REAL = {
@@ -38,8 +39,8 @@ REAL = {
 
 
 @pytest.mark.parametrize(("task", "split"), sorted(REAL))
-def test_real_files_row_and_label_counts(task: str, split: str) -> None:
-    examples = read_glue(task, GLUE / FOLDERS[task], split)
+def test_real_files_row_and_label_counts(glue: Path, task: str, split: str) -> None:
+    examples = read_glue(task, glue / FOLDERS[task], split)
     rows, counts = REAL[(task, split)]
     assert len(examples) == rows
     spec = GLUE_TASKS[task]
@@ -52,42 +53,42 @@ def test_real_files_row_and_label_counts(task: str, split: str) -> None:
         assert scores.min() == 0.0 and scores.max() == 5.0
 
 
-def test_real_first_examples() -> None:
-    sst = read_glue("sst2", GLUE / "SST-2", "dev")[0]
+def test_real_first_examples(glue: Path) -> None:
+    sst = read_glue("sst2", glue / "SST-2", "dev")[0]
     assert (sst.text_a, sst.text_b, sst.label, sst.line) == (
         "it 's a charming and often affecting journey . ",
         None,
         1,
         2,
     )
-    cola = read_glue("cola", GLUE / "CoLA", "train")[0]  # no header: line 1 is an example
+    cola = read_glue("cola", glue / "CoLA", "train")[0]  # no header: line 1 is an example
     assert (cola.text_a, cola.label, cola.line) == (
         "Our friends won't buy this analysis, let alone the next one we propose.",
         1,
         1,
     )
-    rte = read_glue("rte", GLUE / "RTE", "train")[0]
+    rte = read_glue("rte", glue / "RTE", "train")[0]
     assert (rte.text_b, rte.label) == ("Weapons of Mass Destruction Found in Iraq.", 1)
-    sts = read_glue("stsb", GLUE / "STS-B", "dev")[1]
+    sts = read_glue("stsb", glue / "STS-B", "dev")[1]
     assert (sts.text_a, sts.text_b, sts.label) == (
         "A young child is riding a horse.",
         "A child is riding a horse.",
         4.75,
     )
-    mrpc = read_glue("mrpc", GLUE / "MRPC", "train")[0]  # the BOM is not part of the header
+    mrpc = read_glue("mrpc", glue / "MRPC", "train")[0]  # the BOM is not part of the header
     assert mrpc.label == 1 and mrpc.text_a.startswith("Amrozi accused his brother")
 
 
-def test_mrpc_dev_split_is_fixed_and_disjoint() -> None:
-    train = read_glue("mrpc", GLUE / "MRPC", "train")
-    dev = read_glue("mrpc", GLUE / "MRPC", "dev")
+def test_mrpc_dev_split_is_fixed_and_disjoint(glue: Path) -> None:
+    train = read_glue("mrpc", glue / "MRPC", "train")
+    dev = read_glue("mrpc", glue / "MRPC", "dev")
     train_lines, dev_lines = {e.line for e in train}, {e.line for e in dev}
     assert not train_lines & dev_lines
     assert train_lines | dev_lines == set(range(2, 4078))  # every row of the file, once
     # The split is frozen: these are the file lines of the first dev pairs and their sum.
     assert [e.line for e in dev[:5]] == [56, 60, 65, 70, 72]
     assert sum(dev_lines) == 846216
-    assert read_glue("MRPC", GLUE / "MRPC", "dev") == dev  # names are case/hyphen-insensitive
+    assert read_glue("MRPC", glue / "MRPC", "dev") == dev  # names are case/hyphen-insensitive
 
 
 # ---- malformed input ----------------------------------------------------------------------

@@ -16,8 +16,6 @@ from effiformer.data import (
     train_joint_tokenizer,
 )
 
-MULTI30K = Path(__file__).resolve().parents[3] / "shared" / "data" / "multi30k"
-
 EN = ["A man rides a bike.", "Two dogs play in the snow!", "A girl, smiling, reads."]
 DE = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee!", "Ein Mädchen liest lächelnd."]
 
@@ -157,9 +155,8 @@ def test_token_batcher_resumes_exactly_and_refuses_other_settings():
         TokenBatcher(src, tgt, 30)
 
 
-@pytest.mark.skipif(not MULTI30K.is_dir(), reason="../shared/data/multi30k is not there")
-def test_multi30k_splits_read_aligned():
-    d = ParallelData(MULTI30K, "en", "de")
+def test_multi30k_splits_read_aligned(shared_data):
+    d = ParallelData(shared_data("multi30k"), "en", "de")
     assert {"train", "val", "test_2016_flickr"} <= set(d.splits())
     val = d.split("val")
     assert len(val) == 1014 and all(val.src) and all(val.tgt)

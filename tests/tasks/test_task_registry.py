@@ -21,12 +21,14 @@ from effiformer.tasks import (
 )
 from effiformer.tasks.registry import make_options
 
-EXPECTED = ["lm", "mlm", "electra", "glue-sst2", "glue-cola", "glue-rte", "glue-mrpc", "glue-stsb"]
+EXPECTED = [
+    "lm", "mlm", "electra", "glue-sst2", "glue-cola", "glue-rte", "glue-mrpc", "glue-stsb", "translation",
+]  # fmt: skip
 
 
 def test_every_current_task_is_registered_in_order():
     assert list_tasks() == EXPECTED
-    assert list_tasks("glue-*") == EXPECTED[3:]
+    assert list_tasks("glue-*") == EXPECTED[3:8]
     for name in EXPECTED:
         spec = get_task(name)
         assert spec.name == name and spec.description and callable(spec.build)
@@ -94,9 +96,11 @@ def test_a_registered_task_appears_in_train_help_and_resolves(echo_task, capsys)
     help_text = train.format_help()
     assert "echo-test" in help_text and "--echo-rows" in help_text and "rows to echo" in help_text
 
-    with pytest.raises(_Built, match="echo x5 hello for vanilla-tiny"):
+    with pytest.raises(_Built, match="echo x5 hello for vanilla-tiny"):  # --debug: raised as is
         main(["train", "vanilla-tiny", "--task", "echo-test", "--echo-rows", "5",
-              "--echo-word", "hello"])  # fmt: skip
+              "--echo-word", "hello", "--debug"])  # fmt: skip
+    assert main(["train", "vanilla-tiny", "--task", "echo-test", "--echo-word", "hello"]) == 1
+    assert "error: _Built: echo x3 hello for vanilla-tiny" in capsys.readouterr().err
     assert main(["train", "vanilla-tiny", "--task", "echo-test"]) == 2
     assert "--task echo-test needs --echo-word WORD" in capsys.readouterr().err
     # Options of one task are refused by another, with the task that takes them named.

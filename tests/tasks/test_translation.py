@@ -185,3 +185,74 @@ def test_bad_input_gets_clear_errors(folder, tmp_path, caplog):
     with pytest.raises(ParallelDataError):
         evaluate_run(tmp_path / "r", "missing", out=target)
     assert target.read_text() == "earlier\n"
+
+
+def test_the_cli_trains_resumes_evaluates_and_translates(folder, tmp_path, capsys):
+    """`effiformer train NAME --task translation ...`, `--resume` (src, tgt and max_tokens come
+    from the checkpoint), `effiformer eval RUN --split test_2016_flickr --beam 2 --out FILE`
+    (BLEU, chrF and their signatures) and `effiformer translate RUN < in > out`."""
+    import subprocess
+    import sys
+
+    from effiformer.checkpoint import read_train_config, resolve_checkpoint
+    from effiformer.cli import main
+
+    run = tmp_path / "run"
+    argv = ["train", "seq2seq-tiny", "--task", "translation", "--data", str(folder), "--src",
+            "en", "--tgt", "de", "--max-tokens", "200", "--vocab-size", "100", "--steps", "2",
+            "--eval-every", "0", "--eval-sentences", "5", "--grad-accum", "2", "--no-progress",
+            "--device", "cpu", "--out", str(run)]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "trained seq2seq-tiny (translation)" in out and "valid bleu" in out
+    assert json.loads(out.splitlines()[-1])["val_sentences"] == 5
+    assert main(["train", "--resume", str(run), "--steps", "3", "--no-progress"]) == 0
+    capsys.readouterr()
+    saved = read_train_config(resolve_checkpoint(run))
+    assert saved["steps"] == 3 and saved["task"] == "translation"
+    assert {k: saved["task_options"][k] for k in ("src", "tgt", "max_tokens")} == {
+        "src": "en", "tgt": "de", "max_tokens": 200,
+    }  # fmt: skip
+
+    hyps = tmp_path / "hyps.de"
+    assert main(["eval", str(run), "--split", "test_2016_flickr", "--beam", "2", "--out",
+                 str(hyps), "--device", "cpu", "--no-progress"]) == 0  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    record = json.loads(lines[0])
+    assert record["split"] == "test_2016_flickr" and record["beam"] == 2
+    assert record["sentences"] == 15 and len(hyps.read_text().splitlines()) == 15
+    assert " BLEU " in lines[1] and " chrF " in lines[1] and str(hyps) in lines[1]
+    assert lines[2] == f"BLEU signature: {record['bleu_signature']}"
+    assert "tok:13a" in lines[2] and lines[3].startswith("chrF signature: nrefs:1")
+    assert main(["eval", str(run), "--split", "nope", "--no-progress"]) == 2
+    assert "no split 'nope'" in capsys.readouterr().err
+    assert main(["eval", str(run), "--beam", "0", "--no-progress"]) == 2
+    assert "beam must be a positive integer" in capsys.readouterr().err
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-m", "effiformer", "translate", str(run), "--beam", "2", "--device",
+         "cpu"],
+        input="a big dog runs.\n\na red man.\n",
+        capture_output=True,
+        text=True,
+        env={**__import__("os").environ, "PYTHONPATH": str(root / "src"), "OMP_NUM_THREADS": "1"},
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = proc.stdout.split("\n")
+    assert len(got) == 4 and got[1] == "" and got[3] == ""  # three lines, the empty one kept
+    assert main(["translate", str(run), "--src", "de", "--tgt", "en"]) == 2
+    assert "translates en->de, not de->en" in capsys.readouterr().err
+
+
+def test_the_cli_refuses_a_model_that_is_not_an_encoder_decoder(folder, tmp_path, capsys):
+    from effiformer.cli import main
+
+    argv = ["train", "vanilla-tiny", "--task", "translation", "--data", str(folder), "--src",
+            "en", "--tgt", "de", "--out", str(tmp_path / "x")]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--task translation trains encoder-decoder models" in err and "seq2seq-tiny" in err
+    assert main(["train", "seq2seq-tiny", "--task", "translation", "--data", str(folder)]) == 2
+    assert "needs --src LANG, --tgt LANG" in capsys.readouterr().err

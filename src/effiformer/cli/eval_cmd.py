@@ -7,16 +7,20 @@ import argparse
 import json
 
 from ..checkpoint import resolve_checkpoint, verify_checkpoint
+from ..progress import progress_enabled
 from ..tasks import get_task, list_tasks
 from ..tasks.registry import make_options
-from .common import setup_logging
+from .common import add_common_flags, setup_logging
 from .flags import OptionFlags, add_option_flags
 
 EPILOG = """examples:
   effiformer eval runs/tiny
-  effiformer eval runs/ptb --data ../shared/data/ptb --format ptb --split test
+  effiformer eval runs/ptb --data DATA/ptb --format ptb --split test
   effiformer eval runs/xl --mem-len 512 --clamp-len 128 --same-length
-  effiformer eval runs/sst2                      # a GLUE fine-tuning run: its dev set"""
+  effiformer eval runs/sst2                      # a GLUE fine-tuning run: its dev set
+  effiformer eval runs/m30k --split test_2016_flickr --beam 5 --out hyps.de   # BLEU and chrF
+(DATA: your copy of the data sets.) Progress bars go to stderr (--no-progress: none); the
+JSON record and the summary line to stdout."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -31,10 +35,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--split",
         default="valid",
-        choices=("valid", "dev", "test", "train"),
-        help="split to score (default valid; GLUE: valid = dev)",
+        metavar="SPLIT",
+        help="split to score (default valid): lm: train, valid, test; GLUE: train, valid (= dev), "
+        "test where labelled; translation: valid, test or any split of the data folder, e.g. "
+        "test_2016_flickr",
     )
     p.add_argument("--device", default="auto", help="auto | cpu | cuda (default auto)")
+    add_common_flags(p)
     specs = [(t, get_task(t).eval_options) for t in list_tasks()]
     flags = add_option_flags(
         p,
@@ -58,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     options = make_options(
         spec.eval_options, flags.values(args, task_name, what=f"evaluating {what}"), owner=what
     )
-    report = spec.evaluate(checkpoint, meta, options, split=args.split, device=args.device)
+    with progress_enabled(not args.no_progress):
+        report = spec.evaluate(checkpoint, meta, options, split=args.split, device=args.device)
     print(json.dumps(report.record))
     if report.summary:
         print(report.summary)

@@ -13,6 +13,8 @@ import argparse
 import dataclasses
 import json
 import os
+import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,22 +37,42 @@ from ..recipes import (
 from ..tasks import BuildContext, get_task, list_tasks
 from ..tasks.registry import make_options
 from ..train import METRICS, TrainConfig, train
-from .common import setup_logging
+from .common import EXIT_INTERRUPTED, GracefulInterrupt, add_common_flags, setup_logging
 from .flags import OptionFlags, add_option_flags
 
 EPILOG = """examples:
-  effiformer train vanilla-tiny --steps 50 --out runs/tiny
-  effiformer train vanilla-small --data ../shared/data/tinyshakespeare/input.txt --format text \\
-      --time-budget 600 --out runs/shakespeare
+  effiformer train vanilla-tiny --steps 50 --out runs/tiny        # the embedded corpus
+  effiformer train vanilla-small --data DATA/tinyshakespeare/input.txt --format text \\
+      --time-budget 600 --out runs/shakespeare                    # schedule sized to 600 s
   effiformer train vanilla-small --resume runs/shakespeare --steps 2000
   effiformer train xl-tiny --steps 3 --eval-mem-len 64 --eval-clamp-len 32 --out runs/xl
-  effiformer train funnel-tiny --task mlm --text ../shared/data/tinyshakespeare/input.txt \\
+  effiformer train funnel-tiny --task mlm --text DATA/tinyshakespeare/input.txt \\
       --steps 200 --out runs/pre
-  effiformer train --task glue-sst2 --init runs/pre --data ../shared/data/glue/SST-2 --out runs/sst2
+  effiformer train --task glue-sst2 --init runs/pre --data DATA/glue/SST-2 --out runs/sst2
+  effiformer train transformer-multi30k --task translation --data DATA/multi30k --src en \\
+      --tgt de --max-tokens 4096 --time-budget 3600 --out runs/m30k
+(DATA: your copy of the data sets, e.g. tinyshakespeare's input.txt; see the README.)
 
 The optimiser, schedule, warmup, clipping and weight decay come from the model family's paper
 recipe (printed when training starts); the recipe overrides override single fields of it. A recipe
-warmup longer than 10% of the run is capped at 10% of the run.
+warmup longer than 10% of the run is capped at 10% of the run. --time-budget without --steps
+times the first steps and sizes the schedule to the steps that fit (logged, and recorded in
+metrics.jsonl); with --steps the run stops at whichever comes first.
+
+Ctrl-C: the step in progress finishes, a checkpoint is written and the resume command printed
+(exit 130); a second Ctrl-C quits at once (checkpoints are atomic: the last one stays intact).
+
+Several processes (DDP; gloo on CPU, nccl on CUDA): the global batch is shared by the ranks and
+only rank 0 writes files, so N processes follow the loss curve of one.
+  torchrun --nproc_per_node 2 -m effiformer train vanilla-small --batch 16 --out runs/ddp
+Two machines, 2 processes each (the same command, data path and code on both; --out on a
+shared file system, since every rank reads the checkpoint it resumes from):
+  torchrun --nnodes 2 --node-rank 0 --nproc_per_node 2 --master-addr HOST0 \\
+      --master-port 29500 -m effiformer train vanilla-small --out /shared/runs/ddp   # on HOST0
+  torchrun --nnodes 2 --node-rank 1 --nproc_per_node 2 --master-addr HOST0 \\
+      --master-port 29500 -m effiformer train vanilla-small --out /shared/runs/ddp   # on HOST1
+  (or, with elastic rendezvous on every machine: torchrun --nnodes 2 --nproc_per_node 2
+   --rdzv-backend c10d --rdzv-endpoint HOST0:29500 --rdzv-id job1 -m effiformer train ...)
 """
 
 #: TrainConfig recipe fields -> the flags that override them.
@@ -101,8 +123,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="bf16 autocast (default: on for CUDA with bf16, off on CPU)",
     )
-    p.add_argument("--steps", type=int, help="total optimiser steps (default 1000)")
-    p.add_argument("--time-budget", type=float, help="stop after this many seconds")
+    p.add_argument(
+        "--steps",
+        type=int,
+        help="total optimiser steps (default 1000; with --time-budget: as many as fit)",
+    )
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        help="stop after this many seconds; without --steps the schedule is sized to fit",
+    )
     p.add_argument("--grad-accum", type=int, help="micro-batches per step (default 1)")
     p.add_argument(
         "--eval-every", type=int, help="evaluate every N steps (default 200; 0 = end only)"
@@ -114,6 +144,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="output directory (default runs/NAME, or the --resume run)")
     p.add_argument("--resume", help="run or checkpoint directory to continue from")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_common_flags(p, progress=False)
     r = p.add_argument_group(
         "recipe overrides", "each replaces one field of the family's recipe (default: the recipe)"
     )
@@ -194,7 +225,12 @@ def run(args: argparse.Namespace) -> int:
         options, BuildContext(model_name=name, overrides=tuple(args.set), seed=seed, resume=resume)
     )
 
-    steps = _pick(args.steps, saved, "steps", 1000)
+    if args.steps is not None:
+        steps = args.steps
+    elif resume is not None:
+        steps = saved.get("steps", 1000)  # None: the schedule a time budget planned
+    else:
+        steps = None if args.time_budget is not None else 1000
     overrides = _recipe_overrides(args)
     if resume is not None:
         defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
@@ -208,6 +244,10 @@ def run(args: argparse.Namespace) -> int:
         choice = apply_recipe(recipe, steps=steps, overrides=overrides)
         recipe_values = choice.values
         line = choice.describe()
+        if steps is None:
+            line += "; schedule sized from --time-budget" + (
+                "" if "warmup" in overrides else " (warmup at most 10% of it)"
+            )
     if overrides:
         line += "; overridden: " + ", ".join(
             RECIPE_FLAGS[k] for k in RECIPE_FIELDS if k in overrides
@@ -226,6 +266,7 @@ def run(args: argparse.Namespace) -> int:
         device=_pick(args.device, saved, "device", "auto"),
         bf16=_pick(args.bf16, saved, "bf16", None),
         time_budget=args.time_budget,
+        planned_warmup_cap=None if "warmup" in overrides else 0.1,
         eval_every=eval_every or None,
         checkpoint_every=_pick(args.checkpoint_every, saved, "checkpoint_every", None),
         keep_checkpoints=_pick(args.keep, saved, "keep_checkpoints", 1),
@@ -236,7 +277,21 @@ def run(args: argparse.Namespace) -> int:
         task=task_name,
         task_options=dataclasses.asdict(options),
     )
-    history = train(setup.model, setup.task, config)
+    with GracefulInterrupt("train") as stop:
+        history = train(setup.model, setup.task, config, stop=stop)
+    if history.stop_reason == "interrupted":
+        if rank0:
+            world = int(os.environ.get("WORLD_SIZE", "1"))
+            launcher = (
+                f"torchrun --nproc_per_node {world} -m effiformer" if world > 1 else "effiformer"
+            )
+            print(
+                f"effiformer train: interrupted at step {history.step}; checkpoint "
+                f"{history.checkpoint}; resume with: {launcher} train --resume {shlex.quote(out)}",
+                file=sys.stderr,
+                flush=True,
+            )
+        return EXIT_INTERRUPTED
     if rank0:
         last = history.evals[-1] if history.evals else {}
         metric = getattr(setup.task, "metric_name", "metric")

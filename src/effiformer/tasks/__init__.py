@@ -29,11 +29,11 @@ Tasks are registered by name (:mod:`.registry`: ``register_task`` / ``get_task``
 with their options as a frozen dataclass and a builder; ``effiformer train --task NAME`` and
 ``effiformer eval`` resolve through it. The task modules register themselves when this package
 imports them, from the explicit list below: ``lm``, ``mlm``, ``electra``, ``glue-sst2``,
-``glue-cola``, ``glue-rte``, ``glue-mrpc``, ``glue-stsb``.
+``glue-cola``, ``glue-rte``, ``glue-mrpc``, ``glue-stsb``, ``translation``.
 """
 
 # isort: off
-from . import lm, mlm, glue  # noqa: F401  (registration, in this order: lm, mlm/electra, glue-*)
+from . import lm, mlm, glue, translation  # noqa: F401  (registration order: lm, mlm/electra, glue-*, translation)
 
 # isort: on
 from .base import Batch, Task, rank_rows, restore_position
@@ -51,6 +51,7 @@ from .registry import (
     register_task,
     task_option,
 )
+from .translation import TranslationTask
 
 __all__ = [
     "Batch",
@@ -62,6 +63,7 @@ __all__ = [
     "Task",
     "TaskSetup",
     "TaskSpec",
+    "TranslationTask",
     "UnknownTaskError",
     "get_task",
     "list_tasks",

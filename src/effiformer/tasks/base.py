@@ -21,11 +21,17 @@ class Batch:
     """Named tensors, every one with rows first ``(R, ...)``; ``input_ids`` is required.
 
     ``new_stream``: the rows start new contiguous streams, so recurrent state restarts.
+    ``weights``: optional ``(R,)`` weight of each row in the loss, for tasks whose loss is a mean
+    over a varying number of targets per row (translation: each row's target tokens). The
+    trainer weighs micro-batches and DDP ranks by their sum (:attr:`weight`), so that their
+    mean losses combine into the mean over the whole global batch; without weights, micro-batches
+    of equal rows weigh the same (and unequal ones by their rows).
     """
 
     data: dict[str, Tensor]
     new_stream: bool = False
     meta: dict[str, Any] = field(default_factory=dict)
+    weights: Tensor | None = None
 
     def __post_init__(self) -> None:
         if "input_ids" not in self.data:
@@ -33,6 +39,16 @@ class Batch:
         rows = {t.shape[0] for t in self.data.values()}
         if len(rows) != 1:
             raise ValueError(f"every tensor of a Batch must have the same rows, got {rows}")
+        if self.weights is not None and tuple(self.weights.shape) != (self.rows,):
+            raise ValueError(
+                f"Batch.weights must have shape ({self.rows},), one per row, got "
+                f"{tuple(self.weights.shape)}"
+            )
+
+    @property
+    def weight(self) -> float | None:
+        """The sum of :attr:`weights` (None without them)."""
+        return None if self.weights is None else float(self.weights.sum())
 
     @property
     def rows(self) -> int:
@@ -44,17 +60,35 @@ class Batch:
         return self.data["input_ids"].numel()
 
     def split(self, parts: int) -> list[Batch]:
-        """``parts`` equal row slices (for gradient accumulation); rows must divide evenly."""
-        if self.rows % parts:
-            raise ValueError(f"cannot split {self.rows} rows into {parts} equal parts")
-        n = self.rows // parts
+        """``parts`` consecutive row slices (for gradient accumulation), as equal as can be
+        (``torch.tensor_split``: the first ``rows % parts`` get one row more); each keeps its
+        rows' :attr:`weights`. Fewer rows than ``parts`` is an error."""
+        if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
+            raise ValueError(f"parts must be a positive int, got {parts!r}")
+        if self.rows < parts:
+            raise ValueError(
+                f"cannot split a batch of {self.rows} rows into {parts} micro-batches; use fewer "
+                "micro-batches (grad_accum) or larger batches"
+            )
+        pieces = {k: torch.tensor_split(v, parts) for k, v in self.data.items()}
+        weights = torch.tensor_split(self.weights, parts) if self.weights is not None else None
         return [
-            Batch({k: v[i * n : (i + 1) * n] for k, v in self.data.items()}, self.new_stream)
+            Batch(
+                {k: v[i] for k, v in pieces.items()},
+                self.new_stream,
+                weights=None if weights is None else weights[i],
+            )
             for i in range(parts)
         ]
 
     def to(self, device: torch.device | str) -> Batch:
-        return Batch({k: v.to(device) for k, v in self.data.items()}, self.new_stream, self.meta)
+        """The tensors on ``device`` (the weights stay where they are: only their sum is read)."""
+        return Batch(
+            {k: v.to(device) for k, v in self.data.items()},
+            self.new_stream,
+            self.meta,
+            self.weights,
+        )
 
 
 @runtime_checkable

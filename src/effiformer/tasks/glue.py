@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import inspect
+import logging
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -46,6 +47,7 @@ from ..data.tokenizer import SubwordTokenizer
 from ..metrics import glue_metrics
 from ..models.base import ModelOutput
 from ..models.classifier import build_classifier, classifier_kind
+from ..progress import status, track
 from ..recipes import TrainRecipe
 from .base import Batch, rank_rows, resolve_device
 from .registry import (
@@ -68,6 +70,8 @@ __all__ = [
     "load_classifier",
     "load_pretrained",
 ]
+
+logger = logging.getLogger(__name__)
 
 PathLike = str | os.PathLike[str]
 
@@ -162,7 +166,8 @@ class GlueTask:
     def examples(self, split: str) -> list[GlueExample]:
         split = "dev" if split == "valid" else split
         if split not in self._examples:
-            self._examples[split] = read_glue(self.spec.name, self.data_dir, split)
+            with status(f"reading GLUE {self.spec.name} {split} from {self.data_dir}", logger):
+                self._examples[split] = read_glue(self.spec.name, self.data_dir, split)
         return self._examples[split]
 
     def encode(self, examples: Sequence[GlueExample]) -> Batch:
@@ -247,7 +252,8 @@ class GlueTask:
         model.eval()
         preds, total = [], 0.0
         try:
-            for i in range(0, len(examples), self.eval_batch_size):
+            starts = range(0, len(examples), self.eval_batch_size)
+            for i in track(starts, desc=f"eval {self.name} {split}", unit="batch"):
                 batch = self.encode(examples[i : i + self.eval_batch_size]).to(device)
                 with autocast if autocast is not None else contextlib.nullcontext():
                     out = self.forward(model, batch)

@@ -51,6 +51,7 @@ from ..data import (
 )
 from ..models.base import ModelOutput
 from ..models.transformer_xl import reconfigure
+from ..progress import progress_bar, status
 from ..registry import build_model, get_config, get_spec
 from .base import Batch, rank_rows, resolve_device, restore_position
 from .registry import BuildContext, EvalReport, TaskSetup, flag_of, register_task, task_option
@@ -230,6 +231,8 @@ class LMTask:
         state = init_state(rows, device) if init_state is not None else None
         total = 0.0
         count = 0
+        n_batches = -(-(data.numel() // rows - 1) // self.seq_len)
+        bar = progress_bar(n_batches, desc=f"eval {split}", unit="batch")
         try:
             for x, y in eval_batches(data, rows, self.seq_len):  # (rows, T_i) each
                 x, y = x.to(device), y.to(device)
@@ -238,7 +241,9 @@ class LMTask:
                 state = out.state
                 total += float(out.loss.double()) * y.numel()
                 count += y.numel()
+                bar.update(1)
         finally:
+            bar.close()
             model.train(was_training)
         loss = total / count
         value = math.exp(loss) if self.metric_name == "ppl" else loss / math.log(2)
@@ -396,10 +401,13 @@ def load_lm_corpus(data: str | None, fmt: str | None) -> tuple[Corpus, dict[str,
     if data is None:
         if fmt is not None:
             raise ValueError("--format needs --data PATH")
-        return embedded_corpus(), None
+        with status("reading the embedded corpus (the Python standard library's sources)", logger):
+            return embedded_corpus(), None
     if fmt is None:
         raise ValueError(f"--data needs --format (one of {', '.join(FORMATS)})")
-    return load_corpus(data, fmt), {"path": str(Path(data).resolve()), "format": fmt}
+    with status(f"reading the {fmt} corpus {data}", logger):
+        corpus = load_corpus(data, fmt)
+    return corpus, {"path": str(Path(data).resolve()), "format": fmt}
 
 
 def check_runtime_overrides(

@@ -50,6 +50,7 @@ from ..config import ModelConfig, parse_overrides, replace_config
 from ..data import FORMATS, Corpus, WindowBatcher, load_corpus
 from ..data.tokenizer import CLS_TOKEN_TYPE_ID, MASK_ID, PAD_ID, SPECIAL_TOKENS, SubwordTokenizer
 from ..models.base import IGNORE_INDEX, ModelOutput
+from ..progress import status, track
 from ..registry import build_model, get_config, get_spec
 from .base import Batch, rank_rows, restore_position
 from .registry import BuildContext, TaskSetup, register_task, task_option
@@ -291,7 +292,9 @@ class MLMTask:
         """Tokenize text splits (lines/documents); trains a WordPiece tokenizer of
         ``vocab_size`` on ``train_texts`` when ``tokenizer`` is None."""
         if tokenizer is None:
-            tokenizer = SubwordTokenizer.train(train_texts, vocab_size=vocab_size)
+            what = f"training a WordPiece vocabulary of {vocab_size} on {len(train_texts)} texts"
+            with status(what, logger):
+                tokenizer = SubwordTokenizer.train(train_texts, vocab_size=vocab_size)
         fp = hashlib.sha256()
         for texts in (train_texts, valid_texts):
             for t in texts:
@@ -469,7 +472,8 @@ class MLMTask:
         n_masked = correct = n_real = disc_correct = 0
         total = mlm_sum = disc_sum = 0.0
         try:
-            for i in range(0, windows.shape[0], self.eval_batch_size):
+            starts = range(0, windows.shape[0], self.eval_batch_size)
+            for i in track(starts, desc=f"eval {split}", unit="batch"):
                 gen = _generator("mlm-eval", self.seed, split, i)
                 batch = self.make_batch(windows[i : i + self.eval_batch_size], gen).to(device)
                 sampler = _generator("electra-eval", self.seed, split, i)
@@ -612,7 +616,8 @@ def electra_generator_config(config: ModelConfig, scale: int) -> ModelConfig:
 
 def _mlm_data(options: MLMOptions, tokenizer: SubwordTokenizer | None, common: dict) -> MLMTask:
     if options.text is not None:
-        lines = read_texts(options.text)
+        with status(f"reading {options.text}", logger):
+            lines = read_texts(options.text)
         k = max(1, len(lines) // 20)
         return MLMTask.from_texts(
             lines[:-k],
@@ -623,8 +628,10 @@ def _mlm_data(options: MLMOptions, tokenizer: SubwordTokenizer | None, common: d
             data_spec={"text": str(Path(options.text).resolve())},
             **common,
         )
+    with status(f"reading the {options.format} corpus {options.data}", logger):
+        corpus = load_corpus(options.data, options.format)
     return MLMTask.from_corpus(
-        load_corpus(options.data, options.format),
+        corpus,
         tokenizer,
         vocab_size=options.vocab_size,
         data_spec={"path": str(Path(options.data).resolve()), "format": options.format},

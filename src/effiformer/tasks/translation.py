@@ -32,6 +32,7 @@ import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +43,17 @@ from torch import Tensor, nn
 from ..data.parallel import ParallelData, TokenBatcher, train_joint_tokenizer
 from ..data.tokenizer import TOKENIZER_FILE, SubwordTokenizer, TokenizerError
 from ..models.base import ModelOutput
+from ..progress import progress_bar, status, track
 from .base import Batch, restore_position
+from .registry import BuildContext, EvalReport, TaskSetup, register_task, task_option
 
 __all__ = [
     "PAIR_FILE",
+    "TranslationEvalOptions",
+    "TranslationOptions",
     "TranslationTask",
+    "build_translation",
+    "evaluate_translation",
     "check_pair",
     "evaluate_run",
     "load_translation_run",
@@ -148,16 +155,14 @@ class TranslationTask:
         self.train_split, self.valid_split, self.test_split = train_split, valid_split, test_split
         self.data_spec = data_spec
         if tokenizer is None:
-            tokenizer = train_joint_tokenizer(
-                self.train, vocab_size=_positive_int("vocab_size", vocab_size)
+            _positive_int("vocab_size", vocab_size)
+            train = self.train
+            what = (
+                f"training a joint {self.src_lang}-{self.tgt_lang} BPE vocabulary of {vocab_size} "
+                f"on {len(train)} pairs"
             )
-            logger.info(
-                "trained a joint %s-%s BPE vocabulary of %d on %d pairs",
-                self.src_lang,
-                self.tgt_lang,
-                tokenizer.vocab_size,
-                len(self.train),
-            )
+            with status(what, logger):
+                tokenizer = train_joint_tokenizer(train, vocab_size=vocab_size)
         elif tokenizer_source is not None:
             check_pair(
                 read_pair(tokenizer_source),
@@ -192,8 +197,9 @@ class TranslationTask:
         name = self.split_name(split)
         if name not in self._encoded:
             s = self.data.split(name)
-            src = [np.asarray(r, dtype=np.int64) for r in self.tokenizer.encode_ids(s.src)]
-            tgt = [np.asarray(r, dtype=np.int64) for r in self.tokenizer.encode_ids(s.tgt)]
+            with status(f"encoding the {len(s)} pairs of {name}", logger):
+                src = [np.asarray(r, dtype=np.int64) for r in self.tokenizer.encode_ids(s.src)]
+                tgt = [np.asarray(r, dtype=np.int64) for r in self.tokenizer.encode_ids(s.tgt)]
             self._encoded[name] = (src, tgt)
         return self._encoded[name]
 
@@ -284,7 +290,9 @@ class TranslationTask:
                     )
                 mine = np.array_split(index, world)[rank]
                 data = self.collate([src[i] for i in mine], [tgt[i] for i in mine])
-                yield Batch(data, meta={"sentences": len(index)})
+                # the loss is a mean over target tokens: weigh rows by theirs (Batch.weights)
+                weights = (data["targets"] != self.tokenizer.pad_id).sum(1)  # (B,)
+                yield Batch(data, meta={"sentences": len(index)}, weights=weights)
 
         return _iterate()
 
@@ -329,7 +337,7 @@ class TranslationTask:
         pad = self.tokenizer.pad_id
         total = nll_total = 0.0
         count = 0
-        for index in batcher.batches(0):
+        for index in track(batcher.batches(0), desc=f"eval loss {split}", unit="batch"):
             rows = [keep[i] for i in index]
             data = self.collate([src[i] for i in rows], [tgt[i] for i in rows])
             data = {k: v.to(device) for k, v in data.items()}
@@ -363,16 +371,24 @@ class TranslationTask:
         n = len(s) if self.eval_sentences is None else min(len(s), self.eval_sentences)
         beam = self.eval_beam if beam is None else beam
         lenpen = self.eval_lenpen if lenpen is None else lenpen
-        hyps = translate(
-            model,
-            s.src[:n],
-            tokenizer=self.tokenizer,
-            beam=beam,
-            lenpen=lenpen,
-            batch_size=batch_size,
-            early_stopping=early_stopping if early_stopping is not None else beam > 1,
-            progress=progress,
-        )
+        bar = None
+        if progress is None:
+            bar = progress_bar(n, desc=f"translate {split} (beam {beam})", unit="sent")
+            progress = lambda done: bar.update(done - bar.n)  # noqa: E731
+        try:
+            hyps = translate(
+                model,
+                s.src[:n],
+                tokenizer=self.tokenizer,
+                beam=beam,
+                lenpen=lenpen,
+                batch_size=batch_size,
+                early_stopping=early_stopping if early_stopping is not None else beam > 1,
+                progress=progress,
+            )
+        finally:
+            if bar is not None:
+                bar.close()
         return list(hyps), s.tgt[:n]
 
     def evaluate(
@@ -506,10 +522,13 @@ def evaluate_run(
     batch_size: int = 64,
     device: torch.device | str = "cpu",
     progress: Callable[[int], None] | None = None,
+    sentences: int | None = None,
 ) -> dict[str, Any]:
     """BLEU and chrF of a run on ``split`` of ``data`` (default: the folder it was trained on),
     beam search; the hypotheses go to ``out`` (default ``RUN_CHECKPOINT/hyps/SPLIT.TGT``),
-    written atomically after decoding. Returns the record (scores, signatures, paths)."""
+    written atomically after decoding. ``split``: ``"valid"`` / ``"test"`` (the splits the run
+    was trained with) or any split name of the folder; ``sentences``: only the first N pairs.
+    Returns the record (scores, signatures, paths)."""
     model, tokenizer, meta = load_translation_run(run, device=device)
     saved = meta.get("task", {})
     pair = meta.get("pair") or {"src": saved.get("src"), "tgt": saved.get("tgt")}
@@ -522,7 +541,10 @@ def evaluate_run(
     if root is None:
         raise ValueError(f"{meta['path']} does not record its data folder: pass data")
     parallel = ParallelData(root, src, tgt)
-    task = TranslationTask(parallel, tokenizer, eval_beam=beam, eval_lenpen=lenpen)
+    splits = {k: saved[k] for k in ("train_split", "valid_split", "test_split") if saved.get(k)}
+    task = TranslationTask(
+        parallel, tokenizer, eval_beam=beam, eval_lenpen=lenpen, eval_sentences=sentences, **splits
+    )
     name = task.split_name(split)
     parallel.split(name)  # fails here, before decoding, on a missing or misaligned split
     target = Path(out) if out is not None else Path(meta["path"]) / "hyps" / f"{name}.{tgt}"
@@ -592,3 +614,187 @@ def translate_file(
             progress=progress,
         )
     )
+
+
+# ------------------------------------------------------------------------------------------
+# Registration: `effiformer train NAME --task translation`, `effiformer eval RUN`
+# ------------------------------------------------------------------------------------------
+
+
+def _check_opt_positive(name: str, value: Any) -> None:
+    if value is not None:
+        _positive_int(name, value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TranslationOptions:
+    """Options of the ``translation`` task (``effiformer train NAME --task translation``)."""
+
+    data: str = task_option(
+        help="parallel corpus folder: SPLIT.SRC / SPLIT.TGT files, plain or .gz (Multi30k's "
+        "layout)",
+        metavar="DIR",
+    )
+    src: str = task_option(help="source language: the files' suffix, e.g. en", metavar="LANG")
+    tgt: str = task_option(help="target language: the files' suffix, e.g. de", metavar="LANG")
+    max_tokens: int = task_option(
+        4096, "padded tokens per batch (rows x the longer side), fairseq's --max-tokens"
+    )
+    vocab_size: int = task_option(8000, "joint BPE vocabulary size, trained on the training split")
+    tokenizer: str | None = task_option(
+        None,
+        "an existing tokenizer.json, or a run holding one (default: train a joint BPE)",
+        metavar="PATH",
+    )
+    train_split: str = task_option("train", "training split of --data", metavar="SPLIT")
+    valid_split: str = task_option("val", "split evaluated during training", metavar="SPLIT")
+    test_split: str = task_option(
+        "test_2016_flickr", "what `effiformer eval --split test` scores", metavar="SPLIT"
+    )
+    eval_beam: int = task_option(1, "beam of the BLEU computed during training (1 = greedy)")
+    eval_lenpen: float = task_option(1.0, "length penalty of the BLEU computed during training")
+    eval_sentences: int | None = task_option(
+        None, "evaluate during training on the first N sentences (default: all)", metavar="N"
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("max_tokens", "vocab_size", "eval_beam"):
+            _positive_int(name, getattr(self, name))
+        _check_opt_positive("eval_sentences", self.eval_sentences)
+        if self.src == self.tgt:
+            raise ValueError(f"--src and --tgt are the same language ({self.src!r})")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TranslationEvalOptions:
+    """Options of ``effiformer eval`` for a checkpoint of the ``translation`` task."""
+
+    data: str | None = task_option(
+        None, "parallel corpus folder (default: the one recorded at training)", metavar="PATH"
+    )
+    beam: int = task_option(5, "beam size (1 = greedy)")
+    lenpen: float = task_option(1.0, "length penalty: score / length ** lenpen")
+    batch: int | None = task_option(None, "sentences per decoding batch (default 64)")
+    eval_sentences: int | None = task_option(
+        None, "score only the first N sentences of the split (default: all)", metavar="N"
+    )
+    out: str | None = task_option(
+        None, "file for the hypotheses (default: CHECKPOINT/hyps/SPLIT.TGT)", metavar="FILE"
+    )
+
+    def __post_init__(self) -> None:
+        _positive_int("beam", self.beam)
+        _check_opt_positive("batch", self.batch)
+        _check_opt_positive("eval_sentences", self.eval_sentences)
+
+
+def build_translation(options: TranslationOptions, context: BuildContext) -> TaskSetup:
+    """The ``translation`` task: the parallel folder, the joint vocabulary (trained, given, or
+    the resumed run's), and the registered encoder-decoder ``context.model_name`` with
+    ``vocab_size`` from the vocabulary and the ``--set`` overrides (a resumed run: its config)."""
+    from ..checkpoint import load_config
+    from ..config import ConfigError, parse_overrides, replace_config
+    from ..registry import build_model, get_config, get_spec, list_models
+
+    name = context.model_name
+    if context.resume is not None:
+        base = load_config(context.resume)
+        tokenizer: SubwordTokenizer | None = SubwordTokenizer.load(context.resume)
+        source: str | None = str(context.resume)
+    elif name is None:
+        raise ValueError(
+            "give a registered encoder-decoder model NAME (e.g. transformer-multi30k) or --resume"
+        )
+    else:
+        base = get_spec(name).config
+        source = options.tokenizer
+        tokenizer = SubwordTokenizer.load(source) if source is not None else None
+    if base.family != "seq2seq":
+        models = ", ".join(n for n in list_models() if get_spec(n).family == "seq2seq")
+        raise ValueError(
+            f"--task translation trains encoder-decoder models (family seq2seq: {models}); "
+            f"{name!r} is a {base.family!r} model"
+        )
+    overrides = parse_overrides(base, context.overrides)
+    data = ParallelData(options.data, options.src, options.tgt)
+    task = TranslationTask(
+        data,
+        tokenizer,
+        tokenizer_source=source,
+        vocab_size=options.vocab_size,
+        max_tokens=options.max_tokens,
+        seed=context.seed,
+        train_split=options.train_split,
+        valid_split=options.valid_split,
+        test_split=options.test_split,
+        eval_beam=options.eval_beam,
+        eval_lenpen=options.eval_lenpen,
+        eval_sentences=options.eval_sentences,
+        data_spec={"path": str(Path(options.data).resolve())},
+    )
+    size = task.tokenizer.vocab_size
+    if "vocab_size" in overrides and overrides["vocab_size"] != size:
+        raise ConfigError(
+            f"--set vocab_size={overrides['vocab_size']} disagrees with the vocabulary, which has "
+            f"{size} ids (vocab_size is set from it; drop the override)"
+        )
+    if context.resume is None:
+        overrides["vocab_size"] = size
+        model_config = get_config(str(name), **overrides)
+    else:
+        model_config = replace_config(base, **overrides) if overrides else base
+    torch.manual_seed(context.seed)
+    model = build_model(model_config)
+    task._check_model(model)
+    return TaskSetup(
+        task=task,
+        model=model,
+        model_name=str(name),
+        data_name=f"{Path(options.data).name} {options.src}->{options.tgt}",
+    )
+
+
+def evaluate_translation(
+    checkpoint: Path,
+    meta: dict[str, Any],
+    options: TranslationEvalOptions,
+    *,
+    split: str = "valid",
+    device: str = "auto",
+) -> EvalReport:
+    """Corpus BLEU and chrF (sacreBLEU, with their signatures) of a translation checkpoint on
+    ``split`` by beam search (:func:`evaluate_run`); the hypotheses are written to a file."""
+    from .base import resolve_device
+
+    dev = resolve_device(device)
+    record = evaluate_run(
+        checkpoint,
+        split,
+        data=options.data,
+        out=options.out,
+        beam=options.beam,
+        lenpen=options.lenpen,
+        batch_size=options.batch or 64,
+        device=dev,
+        sentences=options.eval_sentences,
+    )
+    record = {"task": "translation", **record}
+    summary = (
+        f"{record['model']} step {record['step']}: {record['split']} {record['src']}->"
+        f"{record['tgt']} BLEU {record['bleu']:.2f} chrF {record['chrf']:.2f} (beam "
+        f"{record['beam']}, lenpen {record['lenpen']:g}, {record['sentences']} sentences); "
+        f"hypotheses in {record['hypotheses']}\n"
+        f"BLEU signature: {record['bleu_signature']}\nchrF signature: {record['chrf_signature']}"
+    )
+    return EvalReport(record=record, summary=summary)
+
+
+register_task(
+    "translation",
+    TranslationOptions,
+    build_translation,
+    description="translation --src -> --tgt on the parallel folder --data (a joint BPE "
+    "vocabulary is trained and saved; BLEU by sacreBLEU)",
+    eval_options=TranslationEvalOptions,
+    evaluate=evaluate_translation,
+)
