@@ -390,20 +390,21 @@ def test_out_with_results_is_refused_unless_append_or_force(cli_run, capsys):
     assert "exclude each other" in capsys.readouterr().err
 
 
-def test_append_keeps_earlier_records_and_force_replaces_them(tmp_path, isolated_refs):
-    plugin = _plugin(tmp_path)
-    kw = dict(
-        lengths=[64], parts=("attention",), refs=["test-alloc"], refs_only=True, plugins=[plugin],
-        out=tmp_path / "o", measure_peak=False, plot=False, **FAST,
-    )  # fmt: skip
-    run_bench(["vanilla-tiny"], **kw)
+def test_append_keeps_earlier_records_and_force_replaces_them(tmp_path):
+    out = tmp_path / "o"
+    # every cell skipped by the memory limit: records written, no cell process started
+    kw = dict(refs=["none"], max_memory_mib=0.001, out=out, measure_peak=False, **FAST)
+    run_bench(["vanilla-tiny"], lengths=[64], **kw)
+    (out / "bench.png").write_bytes(b"stale")
     with pytest.raises(ValueError, match="already holds results"):
-        run_bench(["vanilla-tiny"], **kw)
-    run_bench(["vanilla-tiny"], append=True, **kw)
-    lines = (tmp_path / "o" / "results.jsonl").read_text().splitlines()
-    assert [json.loads(x)["status"] for x in lines] == ["ok", "ok"]
-    run_bench(["vanilla-tiny"], force=True, **kw)
-    assert len((tmp_path / "o" / "results.jsonl").read_text().splitlines()) == 1
+        run_bench(["vanilla-tiny"], lengths=[96], **kw)
+    run_bench(["vanilla-tiny"], lengths=[96], append=True, **kw)
+    lines = (out / "results.jsonl").read_text().splitlines()
+    assert [json.loads(x)["seq_len"] for x in lines] == [64, 96]
+    run_bench(["vanilla-tiny"], lengths=[128], force=True, **kw)
+    lines = (out / "results.jsonl").read_text().splitlines()
+    assert [json.loads(x)["seq_len"] for x in lines] == [128]
+    assert not (out / "bench.png").exists()  # the replaced run's plot went with it
 
 
 # ------------------------------------------------------------------------------------ MFU and noise
@@ -486,12 +487,16 @@ def test_records_carry_spread_and_load(cli_run):
 # ------------------------------------------------------------------------------------ --set, plugins
 
 
-def test_set_attention_field_is_recorded(tmp_path, capsys):
-    argv = ["bench", "routing-small", "--part", "attention", "--set", "attention.window=64"]
-    argv += ["--lengths", "128", "--refs", "none", "--repeats", "1", "--warmup", "0"]
-    assert main([*argv, "--no-progress", "--no-plot", "--out", str(tmp_path)]) == 0
+def test_set_attention_field_is_recorded(tmp_path):
+    """`effiformer bench routing-small --part attention --set attention.window=64`: the cell runs
+    and its record holds the attention config as a dict (it used to fail in json.dumps)."""
+    result = run_bench(
+        ["routing-small"], parts=("attention",), overrides=["attention.window=64"], lengths=[128],
+        refs=["none"], out=tmp_path, measure_peak=False, plot=False, **FAST,
+    )  # fmt: skip
     (rec,) = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert rec["status"] == "ok", rec["reason"]
+    assert result.records[0]["overrides"] == rec["overrides"]
     attention = rec["overrides"]["attention"]
     assert attention["name"] == "routing" and attention["window"] == 64
     # the rest comes from routing-small's own attention config, not the class defaults
@@ -594,18 +599,16 @@ def test_a_missing_builtin_reference_module_is_tolerated(monkeypatch):
 # ------------------------------------------------------------------------------------ decoding
 
 
-def test_decoding_part_records_encoder_decoder_and_total(tmp_path, capsys):
-    argv = ["bench", "seq2seq-tiny", "vanilla-tiny", "--part", "decoding", "--src-len", "6"]
-    argv += ["--beam", "2", "--repeats", "2", "--warmup", "1", "--no-progress"]
-    assert main([*argv, "--out", str(tmp_path)]) == 0
-    printed = capsys.readouterr().out
-    records = {
-        r["name"]: r for r in map(json.loads, (tmp_path / "results.jsonl").read_text().splitlines())
-    }
+def test_decoding_part_records_encoder_decoder_and_total(tmp_path):
+    result = run_bench(
+        ["seq2seq-tiny", "vanilla-tiny"], parts=("decoding",), src_lens=[6], beam=2,
+        out=tmp_path, measure_peak=False, **{**FAST, "repeats": 2, "warmup": 1},
+    )  # fmt: skip
+    records = {r["name"]: r for r in result.records}
     ours = records["seq2seq-tiny"]
     assert ours["status"] == "ok", ours["reason"]
     assert (ours["part"], ours["seq_len"], ours["beam"], ours["steps"]) == ("decoding", 6, 2, 6)
-    assert ours["total_ms"] >= ours["decoder_ms"] > 0 and ours["encoder_ms"] > 0
+    assert ours["total_ms"] >= ours["decoder_ms"] >= 0 and ours["encoder_ms"] > 0  # not a timing test
     assert len(ours["total_ms_samples"]) == 2 and ours["repeats"] == 2
     assert ours["flops_decoding"] > ours["flops_encode"] > 0
     assert "not an encoder-decoder model" in records["vanilla-tiny"]["reason"]
@@ -614,7 +617,9 @@ def test_decoding_part_records_encoder_decoder_and_total(tmp_path, capsys):
         assert hf["total_ms"] > 0 and hf["encoder_ms"] is None and hf["flops_decoding"] > 0
     else:
         assert "transformers" in hf["reason"]
-    assert "encoder ms" in printed and "seq2seq-tiny" in printed
+    table = result.table
+    assert "encoder ms" in table and "seq2seq-tiny" in table and "hf-marian" in table
+    assert result.plot_path is None  # decoding cells are not drawn
 
 
 @pytest.mark.parametrize(

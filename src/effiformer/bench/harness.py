@@ -14,7 +14,7 @@ For registered model names (or globs) it measures, per cell (name x part x lengt
 - ``flops_fwd`` / ``flops_fwd_bwd``: ``torch.utils.flop_counter.FlopCounterMode`` counts (a
   causal SDPA call counted as the pairs it computes, see :mod:`.cell`), and ``mfu`` /
   ``mfu_fwd``: achieved FLOP/s over the machine's peak (``env.peak_tflops``): the fastest
-  square matmul of several sizes (1024-4096 on CPU, 4096-16384 on CUDA, in the run's dtype and
+  square matmul of several sizes (1024-3072 on CPU, 4096-16384 on CUDA, in the run's dtype and
   thread count, best of several runs each: interference only ever slows a run down), raised to
   the fastest cell's own FLOP/s when a cell beat it (``env.peak_source`` says so), so that no
   cell reads over 100%;
@@ -224,44 +224,52 @@ def _meminfo_mib(key: str) -> float | None:
     return None
 
 
-PEAK_SIZES = {"cpu": (1024, 2048, 4096), "cuda": (4096, 8192, 16384)}
-PEAK_BUDGET_S = {"cpu": 3.0, "cuda": 3.0}
+PEAK_SIZES = {"cpu": (1024, 2048, 3072), "cuda": (4096, 8192, 16384)}
+PEAK_BUDGET_S = {"cpu": 1.5, "cuda": 2.0}
+PEAK_RUNS = (2, 10)  # timed runs per size: at least, at most
 
 
 def measure_peak(
     device: torch.device, dtype: torch.dtype, threads: int, *, budget_s: float | None = None
 ) -> tuple[float, dict[str, float]]:
     """The machine's matmul peak in TFLOP/s and the best per size: square matmuls of
-    :data:`PEAK_SIZES` in ``dtype`` with ``threads`` intra-op threads, one warm-up each, then
-    timed runs (at least two, more while the time budget lasts); the best run of the best size,
-    since interference from other processes only ever slows a run down."""
+    :data:`PEAK_SIZES` in ``dtype`` with ``threads`` intra-op threads (as the cells run), each
+    size one warm-up and then 2 to 10 timed runs within its share of the time budget (sizes
+    after the budget is spent are left out); the best run of the best size, since interference
+    from other processes only ever slows a run down."""
     kind = "cuda" if device.type == "cuda" else "cpu"
+    sizes = PEAK_SIZES[kind]
     budget = PEAK_BUDGET_S[kind] if budget_s is None else budget_s
+    least, most = PEAK_RUNS
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     per_size: dict[str, float] = {}
-    deadline = time.perf_counter() + budget
+    start = time.perf_counter()
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     try:
         gen = torch.Generator(device=device).manual_seed(0)
-        for n in PEAK_SIZES[kind]:
+        for k, n in enumerate(sizes):
+            if k and time.perf_counter() - start > budget:
+                break
+            share_end = start + budget * (k + 1) / len(sizes)
             a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
             b = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
+            torch.mm(a, b)  # warm-up
+            sync()
             best = float("inf")
-            for i in range(12):
-                if i >= 3 and time.perf_counter() > deadline:
+            for i in range(most):
+                if i >= least and time.perf_counter() > share_end:
                     break
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
                 t0 = time.perf_counter()
                 torch.mm(a, b)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                if i >= 1:
-                    best = min(best, time.perf_counter() - t0)
+                sync()
+                best = min(best, time.perf_counter() - t0)
             per_size[str(n)] = 2 * n**3 / best / 1e12
             del a, b
-            if time.perf_counter() > deadline:
-                break
     finally:
         torch.set_num_threads(old)
     return max(per_size.values()), per_size
