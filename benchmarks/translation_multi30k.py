@@ -33,9 +33,9 @@ import time
 from pathlib import Path
 
 import torch
-from effiformer.benchmark import environment
 
 from effiformer import create_model, save_model
+from effiformer.bench import environment
 from effiformer.config import parse_overrides
 from effiformer.data import ParallelData
 from effiformer.metrics import translation_scores
