@@ -54,6 +54,18 @@ def _ratio(v: float | None, base: float | None) -> str:
     return f"{v / base:.2f}"
 
 
+def _targets(targets: list[str]) -> str:
+    """``routing-*`` for targets that are exactly the registered names of that glob."""
+    if len(targets) > 2:
+        from ..registry import list_models
+
+        prefix = os.path.commonprefix(targets)
+        prefix = prefix[: prefix.rfind("-") + 1]
+        if prefix and sorted(list_models(prefix + "*")) == sorted(targets):
+            return prefix + "*"
+    return ", ".join(targets)
+
+
 def format_references() -> str:
     """One line per registered reference (references registered under one name for several
     targets share a line): name, targets, parts, availability, description."""
@@ -63,7 +75,7 @@ def format_references() -> str:
         avail = "available" if not missing else f"needs {', '.join(missing)}"
         groups.setdefault((r.name, r.parts, avail, r.description), []).append(r.target)
     rows = [
-        (name, ", ".join(targets), ",".join(parts), avail, desc)
+        (name, _targets(targets), ",".join(parts), avail, desc)
         for (name, parts, avail, desc), targets in groups.items()
     ]
     w = [max(len(row[i]) for row in rows) for i in range(4)] if rows else [0] * 4
