@@ -264,6 +264,13 @@ def run(args: argparse.Namespace) -> int:
     )
     if n_skipped:
         print(f"{n_skipped} of {len(result.records)} cells skipped (see the note column)")
+    cores = env.get("cpu_count") or 0
+    if load and env["device"] == "cpu" and load[0] > max(0.5, cores - env["threads"]):
+        print(
+            f"the 1-minute load average was {load[0]:.2f} on {cores} cores before the run "
+            f"({env['threads']} threads per cell): other processes were running, so every time "
+            "above may be inflated"
+        )
     if n_noisy:
         print(
             f"{n_noisy} of {len(result.records)} cells are noisy (timing samples spread over "
