@@ -611,6 +611,10 @@ def test_decoding_part_records_encoder_decoder_and_total(tmp_path):
     assert ours["total_ms"] >= ours["decoder_ms"] >= 0 and ours["encoder_ms"] > 0
     assert len(ours["total_ms_samples"]) == 2 and ours["repeats"] == 2
     assert ours["flops_decoding"] > ours["flops_encode"] > 0
+    from effiformer.flops import mult_adds
+
+    expected = mult_adds(get_config("seq2seq-tiny"), src_len=6, tgt_len=6).total
+    assert ours["mult_adds"] == expected and "Mult-Adds" in result.table
     assert "not an encoder-decoder model" in records["vanilla-tiny"]["reason"]
     hf = records["hf-marian"]
     if hf["status"] == "ok":

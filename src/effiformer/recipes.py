@@ -8,8 +8,14 @@ a family registers its recipe once, at the bottom of its model file, right after
 
     register_recipe("xl", XL_RECIPE)
 
-``effiformer train`` takes the recipe of the model's family unless flags override fields
-(:func:`apply_recipe` records which); :func:`effiformer.train.train` itself only reads a
+A paper whose models live in another family's code but were trained otherwise (Lite Transformer
+in the ``seq2seq`` family) registers its recipes for model-name globs, which
+:func:`recipe_for` looks up before the family's::
+
+    register_model_recipe("lite-wmt-*", LITE_WMT_RECIPE)
+
+``effiformer train`` takes :func:`recipe_for` the model (its name's recipe, else its family's)
+unless flags override fields (:func:`apply_recipe` records which); :func:`effiformer.train.train` itself only reads a
 :class:`~effiformer.train.TrainConfig`, whose fields of the same names the recipe fills.
 
 Paper warmups are sized for runs of 10^5-10^6 steps. :func:`apply_recipe` caps a warmup longer
@@ -21,6 +27,7 @@ register their recipes when :mod:`effiformer.models` is imported (``create_model
 
 from __future__ import annotations
 
+import fnmatch
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -31,6 +38,9 @@ from .config import ConfigError
 __all__ = [
     "COMPRESSIVE_RECIPE",
     "FUNNEL_RECIPE",
+    "LITE_IWSLT_RECIPE",
+    "LITE_WMT_EN_FR_RECIPE",
+    "LITE_WMT_RECIPE",
     "VANILLA_RECIPE",
     "SEQ2SEQ_RECIPE",
     "XL_RECIPE",
@@ -43,7 +53,10 @@ __all__ = [
     "apply_recipe",
     "describe_training",
     "get_recipe",
+    "list_model_recipes",
     "list_recipes",
+    "recipe_for",
+    "register_model_recipe",
     "register_recipe",
 ]
 
@@ -217,7 +230,70 @@ SEQ2SEQ_RECIPE = TrainRecipe(
     steps=100_000,
 )
 
+#: Lite Transformer, WMT'14 En-De (Wu et al. 2020, arXiv 2004.11886; official
+#: ``configs/wmt16.en-de/attention/multibranch_v2/embed{200,408,496}.yml``): Adam (0.9, 0.98)
+#: (fairseq's eps 1e-8), no weight decay, no clipping (``clip-norm 0``); fairseq's ``cosine``
+#: schedule: linear warmup over 10,000 updates (from ``warmup-init-lr`` 1e-7) to ``max-lr``
+#: 1e-3, then one cosine period of 40,000 updates down to ``lr`` 1e-7 (fairseq's cosine reads
+#: ``--lr`` as its floor), 50,000 updates in all of 4096 tokens x ``update-freq`` 16 x 8 GPUs.
+#: Label smoothing 0.1 and the per-size dropouts are model-config fields. Deviation: the warmup
+#: starts at ``lr / warmup`` (the trainer's) rather than 1e-7.
+LITE_WMT_RECIPE = TrainRecipe(
+    name="lite-wmt",
+    source="Wu et al. 2020, configs/wmt16.en-de multibranch_v2 (fairseq cosine)",
+    optimizer="adam",
+    lr=1e-3,
+    betas=(0.9, 0.98),
+    eps=1e-8,
+    weight_decay=0.0,
+    warmup=10_000,
+    schedule="cosine",
+    min_lr_ratio=1e-7 / 1e-3,
+    clip=None,
+    steps=50_000,
+    notes="warmup starts at lr/warmup, not 1e-7; 131k tokens a step (4096 x 16 x 8 GPUs)",
+)
+
+#: Lite Transformer, WMT'14 En-Fr (official ``configs/wmt14.en-fr/...``): as
+#: :data:`LITE_WMT_RECIPE` with a 5,000-update warmup and a 45,000-update cosine period.
+LITE_WMT_EN_FR_RECIPE = TrainRecipe(
+    name="lite-wmt-en-fr",
+    source="Wu et al. 2020, configs/wmt14.en-fr multibranch_v2 (fairseq cosine)",
+    optimizer="adam",
+    lr=1e-3,
+    betas=(0.9, 0.98),
+    eps=1e-8,
+    weight_decay=0.0,
+    warmup=5_000,
+    schedule="cosine",
+    min_lr_ratio=1e-7 / 1e-3,
+    clip=None,
+    steps=50_000,
+    notes="warmup starts at lr/warmup, not 1e-7; 131k tokens a step (4096 x 16 x 8 GPUs)",
+)
+
+#: Lite Transformer, IWSLT'14 De-En (official ``configs/iwslt14.de-en/.../embed{160,240,320}.yml``):
+#: Adam (0.9, 0.98), lr 5e-4, fairseq's ``inverse_sqrt`` with 4,000 warmup updates, weight decay
+#: 1e-4 (Adam's L2 term, as fairseq's ``adam``), no clipping, 50,000 updates of 4096 tokens.
+#: Deviation: fairseq decays every parameter; the ``1d`` rule here spares biases and norms.
+LITE_IWSLT_RECIPE = TrainRecipe(
+    name="lite-iwslt",
+    source="Wu et al. 2020, configs/iwslt14.de-en multibranch_v2 (fairseq inverse_sqrt)",
+    optimizer="adam",
+    lr=5e-4,
+    betas=(0.9, 0.98),
+    eps=1e-8,
+    weight_decay=1e-4,
+    no_decay="1d",
+    warmup=4000,
+    schedule="inverse_sqrt",
+    clip=None,
+    steps=50_000,
+    notes="weight decay spares 1-d parameters (fairseq decays all); warmup from lr/warmup",
+)
+
 _RECIPES: dict[str, TrainRecipe] = {}
+_MODEL_RECIPES: dict[str, TrainRecipe] = {}
 
 
 def register_recipe(family: str, recipe: TrainRecipe) -> None:
@@ -241,6 +317,32 @@ def get_recipe(family: str) -> TrainRecipe:
 def list_recipes() -> dict[str, TrainRecipe]:
     """Every registered recipe by family."""
     return dict(_RECIPES)
+
+
+def register_model_recipe(pattern: str, recipe: TrainRecipe) -> None:
+    """Register ``recipe`` for the registered model names matching the glob ``pattern``
+    (``"lite-wmt-*"``): :func:`recipe_for` takes it before the family's. For papers whose models
+    are configurations of another family trained with their own recipe."""
+    if not isinstance(recipe, TrainRecipe):
+        raise TypeError(f"recipe must be a TrainRecipe, got {type(recipe).__name__}")
+    if pattern in _MODEL_RECIPES and _MODEL_RECIPES[pattern] != recipe:
+        raise ValueError(f"model names {pattern!r} already have a training recipe")
+    _MODEL_RECIPES[pattern] = recipe
+
+
+def list_model_recipes() -> dict[str, TrainRecipe]:
+    """Every recipe registered for model names, by glob."""
+    return dict(_MODEL_RECIPES)
+
+
+def recipe_for(model_name: str | None, family: str) -> TrainRecipe:
+    """The recipe of registered model ``model_name``: that of the longest glob registered with
+    :func:`register_model_recipe` that matches the name, else the family's (:func:`get_recipe`)."""
+    if model_name:
+        hits = [p for p in _MODEL_RECIPES if fnmatch.fnmatchcase(model_name, p)]
+        if hits:
+            return _MODEL_RECIPES[max(hits, key=len)]
+    return get_recipe(family)
 
 
 @dataclass(frozen=True)

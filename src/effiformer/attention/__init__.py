@@ -9,6 +9,7 @@ from . import (  # noqa: F401  (registration, from this explicit list)
     dense,
     funnel_relative,
     local,
+    lsra,
     relative_xl,
     routing,
     sparse,

@@ -342,6 +342,25 @@ class AttentionPart(nn.Module):
         keeps the best continuations). Default: ``index_select(0, index)`` on every tensor."""
         return map_tensors(state, lambda t: t.index_select(0, index))
 
+    @classmethod
+    def mult_adds(
+        cls,
+        config: AttentionConfig,
+        dims: AttentionDims,
+        tq: int,
+        tk: int,
+        *,
+        taps: bool = False,
+    ) -> int | None:
+        """Multiply-accumulates of one forward of a layer of this part (built from ``config``,
+        already resolved for its layer, and ``dims``) for ``tq`` queries over ``tk`` keys, batch
+        1: those of its matmuls (projections, scores, weighted sums; a convolution's taps only
+        when ``taps``), not of softmax, norms, biases or masks. Every query counts against every
+        key, masked or not, as a profiler of the teacher-forced matmuls counts them. ``None``:
+        this part does not say (the analytic counter, :mod:`effiformer.flops`, then reports the
+        model's count as unknown). Default: ``None``."""
+        return None
+
     def memory_len(self, configured: int) -> int:
         """How many past states this layer's memory keeps, given the model's configured
         ``mem_len`` (Adaptive Span keeps only what its current span can reach)."""

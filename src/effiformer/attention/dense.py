@@ -79,6 +79,16 @@ class DenseAttention(AttentionPart):
         m.config, m.dims = config, dims
         return m
 
+    @classmethod
+    def mult_adds(cls, config, dims, tq, tk, *, taps=False) -> int | None:
+        """Q and O projections of the ``tq`` queries, K and V of the ``tk`` keys (D x H*Dh each),
+        ``Q K^T`` and the weighted sum of V (``tq * tk * H*Dh`` each). Only for
+        :class:`DenseConfig` itself (a subclass's part computes something else)."""
+        if type(config) is not DenseConfig:
+            return None
+        inner = dims.n_heads * dims.head_dim
+        return 2 * tq * dims.dim * inner + 2 * tk * dims.dim * inner + 2 * tq * tk * inner
+
     def init_decoding_state(self, batch: int, *, device=None, dtype=None) -> KVCache:
         """An empty :class:`~effiformer.attention.base.KVCache` (B, H, 0, Dh)."""
         return KVCache.empty(batch, self.n_heads, self.head_dim, device=device, dtype=dtype)

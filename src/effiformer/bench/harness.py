@@ -22,6 +22,11 @@ For registered model names (or globs) it measures, per cell (name x part x lengt
   ``noisy``: a spread over 20% (:data:`NOISY_SPREAD`) in either; the table notes it;
 - ``params``: parameters that receive a gradient in the step (the attention layer's alone for
   ``--part attention``);
+- ``mult_adds``: the analytic Mult-Adds of the workload's forward
+  (:func:`effiformer.flops.bench_mult_adds`: the first layer's self-attention for
+  ``--part attention``, a translation model over ``seq_len`` source and target tokens for
+  ``--part model``, over ``seq_len`` source and ``steps`` target tokens, teacher-forced, for
+  ``--part decoding``; ``None`` where it is not known and for reference rows);
 - the whole model row of a memory model (XL, Compressive, Adaptive Span) runs against full
   memories (``model_state: "full_memory"``, ``memory_lens``), the same memories its attention
   row attends over: a segment in the middle of a stream.
@@ -75,6 +80,7 @@ from typing import Any
 import torch
 
 from .. import __version__
+from ..flops import bench_mult_adds, mult_adds
 from ..registry import build_model, get_config, get_spec, list_models
 from .cell import (
     DTYPES,
@@ -752,6 +758,14 @@ def _finalize_peak(records: list[dict[str, Any]], env: dict[str, Any]) -> None:
         _rates(r, env.get("peak_tflops"))
 
 
+def _mult_adds(config: Any, part: str, length: int, steps: int | None) -> int | None:
+    """Analytic Mult-Adds of a model row (:mod:`effiformer.flops`); ``None`` where unknown."""
+    if part == "decoding":
+        m = mult_adds(config, src_len=length, tgt_len=steps)
+        return None if m is None else m.total
+    return bench_mult_adds(config, part, length)
+
+
 def _measure(c, common, env, limit, limit_why, meta_cache, timeout) -> dict[str, Any]:
     ref: Reference | None = c["reference"]
     name, part, length = c["name"], c["part"], c["seq_len"]
@@ -781,6 +795,7 @@ def _measure(c, common, env, limit, limit_why, meta_cache, timeout) -> dict[str,
         overrides=_jsonable(overrides),
         repeats=common["repeats"],
         warmup=common["warmup"],
+        mult_adds=None if ref is not None else _mult_adds(config, part, length, c.get("steps")),
         env=env,
     )
     if ref is not None:

@@ -7,6 +7,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from ..flops import format_mult_adds
 from .references import list_references, missing_requirements
 
 #: A cell whose timing samples spread more than this ((max - min) / median) is flagged noisy.
@@ -133,9 +134,10 @@ def format_table(records: Sequence[Record]) -> str:
     decoding = [i for i, r in enumerate(records) if r["part"] == "decoding"]
     out: list[str] = []
     if training:
+        madds = any(records[i].get("mult_adds") is not None for i in training)
         header = [
             "part", "name", "T", "B", "fwd ms", "x", "fwd+bwd ms", "x", "peak MiB", "x",
-            "GFLOP f+b", "MFU %", "params", "note",
+            "GFLOP f+b", "MFU %", "params", *(["Mult-Adds"] if madds else []), "note",
         ]  # fmt: skip
         rows = [header]
         for i in _order(records, training):
@@ -151,9 +153,10 @@ def format_table(records: Sequence[Record]) -> str:
                 _num(None if r.get("flops_fwd_bwd") is None else r["flops_fwd_bwd"] / 1e9, ".2f"),
                 _num(None if mfu is None else 100 * mfu, ".1f"),
                 "-" if r.get("params") is None else f"{r['params']:,}",
+                *([format_mult_adds(r.get("mult_adds"))] if madds else []),
                 _note(r),
             ])  # fmt: skip
-        out += _align(rows, set(range(2, 13)))
+        out += _align(rows, set(range(2, 14 if madds else 13)))
         out.append(
             "x: ratio to the baseline of the same part, length and model (sdpa when it ran, else "
             "the first row).\nMFU: fwd+bwd FLOPs / time / the machine's peak (the fastest square "
@@ -165,7 +168,7 @@ def format_table(records: Sequence[Record]) -> str:
             out.append("")
         header = [
             "part", "name", "src", "beam", "steps", "encoder ms", "decoder ms", "total ms", "x",
-            "GFLOP", "params", "note",
+            "GFLOP", "params", "Mult-Adds", "note",
         ]  # fmt: skip
         rows = [header]
         for i in _order(records, decoding):
@@ -179,14 +182,17 @@ def format_table(records: Sequence[Record]) -> str:
                 _ratio(r.get("total_ms"), b and b.get("total_ms")),
                 _num(None if flops is None else flops / 1e9, ".3f"),
                 "-" if r.get("params") is None else f"{r['params']:,}",
+                format_mult_adds(r.get("mult_adds")),
                 _note(r),
             ])  # fmt: skip
-        out += _align(rows, set(range(2, 11)))
+        out += _align(rows, set(range(2, 12)))
         out.append(
             "decoding: one sentence of `src` tokens, batch 1, beam search for exactly `steps` "
             "decoder steps, ms per sentence (10-90 % trimmed mean of the timed runs, HAT's "
             "measurement); x: ratio to the first row of the same length and model; GFLOP: one "
-            "whole translation, all beams."
+            "whole translation, all beams (FlopCounterMode); Mult-Adds: the analytic count of one "
+            "teacher-forced pass over src source and steps target tokens (effiformer.flops, "
+            "the papers' convention)."
         )
     return "\n".join(out)
 

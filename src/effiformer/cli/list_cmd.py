@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..flops import format_mult_adds, mult_adds
 from ..registry import get_spec, list_models
 
 
@@ -12,7 +13,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "list",
         help="list registered model configurations",
-        description="List registered model configurations matching a glob.",
+        description="List registered model configurations matching a glob. Translation models "
+        "show their Mult-Adds (one 30-token sentence; embeddings and output projection "
+        "excluded, as Lite Transformer and HAT count them).",
         epilog="examples:\n  effiformer list\n  effiformer list 'vanilla-*'",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -27,7 +30,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
     for name in names:
         spec = get_spec(name)
-        line = f"{name:<28} {spec.family:<12} {spec.description}"
+        cost = mult_adds(spec.config)
+        madds = format_mult_adds(cost) if cost is not None else ""
+        line = f"{name:<28} {spec.family:<12} {madds:>6} {spec.description}"
         print(line.rstrip())
         if args.verbose:
             print(f"    {spec.config}")

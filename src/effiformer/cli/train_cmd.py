@@ -30,7 +30,7 @@ from ..recipes import (
     SCHEDULES,
     apply_recipe,
     describe_training,
-    get_recipe,
+    recipe_for,
 )
 from ..tasks import BuildContext, get_task, list_tasks
 from ..tasks.registry import make_options
@@ -204,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
         line = f"train config of the resumed run: {describe_training(recipe_values)}"
     else:
         family = getattr(getattr(setup.model, "config", None), "family", None)
-        recipe = setup.recipe or get_recipe(str(family))
+        recipe = setup.recipe or recipe_for(setup.model_name, str(family))
         choice = apply_recipe(recipe, steps=steps, overrides=overrides)
         recipe_values = choice.values
         line = choice.describe()
