@@ -13,6 +13,10 @@ each with its incremental state (KV caches). Timings alternate between the two i
     python benchmarks/decoding_vs_hf.py --runs 5 --warmup 2   # quick
 
 Needs the ``reference`` extra (transformers). Writes JSON lines to ``--out`` (default stdout).
+
+The harness has the same comparison as rows (cells in separate processes, not alternated):
+``effiformer bench transformer-base --part decoding --src-len 30 --beam 5`` (the ``hf-marian``
+reference row, :func:`effiformer.bench.references.hf_marian`).
 """
 
 from __future__ import annotations
@@ -28,34 +32,7 @@ import torch
 from effiformer import create_model
 from effiformer.bench import environment
 from effiformer.bench.decoding import decoding_latency, trimmed_mean
-
-
-def hf_marian(cfg):
-    from transformers import MarianConfig, MarianMTModel
-
-    hf = MarianConfig(
-        vocab_size=cfg.vocab_size,
-        d_model=cfg.dim,
-        encoder_layers=cfg.n_layers,
-        decoder_layers=cfg.decoder_layers,
-        encoder_attention_heads=cfg.n_heads,
-        decoder_attention_heads=cfg.n_heads,
-        encoder_ffn_dim=cfg.ffn_dim,
-        decoder_ffn_dim=cfg.ffn_dim,
-        activation_function="relu",
-        max_position_embeddings=cfg.seq_len,
-        scale_embedding=True,
-        pad_token_id=cfg.pad_id,
-        eos_token_id=cfg.eos_id,
-        decoder_start_token_id=cfg.bos_id,
-        forced_eos_token_id=None,
-        dropout=0.0,
-        attention_dropout=0.0,
-        activation_dropout=0.0,
-        share_encoder_decoder_embeddings=True,
-        tie_word_embeddings=True,
-    )
-    return MarianMTModel(hf).eval()
+from effiformer.bench.references import hf_marian
 
 
 @torch.inference_mode()

@@ -2,10 +2,9 @@
 
     python benchmarks/sparse_bench.py NAMES... [effiformer bench options]
 
-is `effiformer bench NAMES... --plugin benchmarks/sparse_plugin.py [options]`, with the plugin
-imported before the harness resolves NAMES (the harness resolves names before it imports
-`--plugin` files, so the plugin's `sparse-bench-*` names are unknown to plain `effiformer
-bench`). Every cell still runs in its own process and imports the plugin there.
+is `effiformer bench NAMES... --plugin benchmarks/sparse_plugin.py [options]` (written when the
+harness resolved NAMES before importing `--plugin` files; it now imports them first, so the
+plain command works as well). Every cell runs in its own process and imports the plugin there.
 
 The issue-14 measurement (one attention layer, d 256, 4 heads, batch 1, causal):
 

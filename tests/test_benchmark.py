@@ -7,9 +7,15 @@ so the tests share runs and keep to ~7 cell processes in all.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
+import os
+import signal
+import subprocess
+import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -42,18 +48,22 @@ def isolated_refs(monkeypatch):
     monkeypatch.setattr(references, "_REFERENCES", dict(references._REFERENCES))
 
 
-def dense_attention_flops(b: int, t: int, d: int, h: int, dh: int) -> tuple[int, int]:
-    """What FlopCounterMode counts for DenseAttention on x (B, T, D), SDPA counted dense (T x T).
+def dense_attention_flops(
+    b: int, t: int, d: int, h: int, dh: int, causal: bool = True
+) -> tuple[int, int]:
+    """What FlopCounterMode counts for DenseAttention on x (B, T, D), with P (query, key) pairs:
+    T*T, or T*(T+1)/2 for a causal call (the pairs a causal SDPA kernel computes).
 
     forward: Q, K, V projections 3 * 2*B*T*D*(H*Dh), output projection 2*B*T*(H*Dh)*D,
-             Q K^T and A V 2 * 2*B*H*T*T*Dh.
+             Q K^T and A V 2 * 2*B*H*P*Dh.
     backward: every projection twice more (grad of its input and of its weight), SDPA backward
-              5 matmuls (scores recomputed, dA, dV, dQ, dK) 5 * 2*B*H*T*T*Dh.
+              5 matmuls (scores recomputed, dA, dV, dQ, dK) 5 * 2*B*H*P*Dh.
     """
+    pairs = t * (t + 1) // 2 if causal else t * t
     inner = h * dh
     proj = 8 * b * t * d * inner
-    attn = 4 * b * h * t * t * dh
-    return proj + attn, 3 * proj + attn + 10 * b * h * t * t * dh
+    attn = 4 * b * h * pairs * dh
+    return proj + attn, 3 * proj + attn + 10 * b * h * pairs * dh
 
 
 # ------------------------------------------------------------------------------------ one real run
@@ -118,9 +128,11 @@ def test_cell_flops_match_analytic_count(cli_run):
     _, records, _, _ = cli_run
     c = get_config("vanilla-tiny")
     t, h, dh = 64, c.n_heads, c.head_dim
+    assert c.causal
     attn, sdpa = records[2], records[3]
     assert (attn["flops_fwd"], attn["flops_fwd_bwd"]) == dense_attention_flops(1, t, c.dim, h, dh)
-    assert (sdpa["flops_fwd"], sdpa["flops_fwd_bwd"]) == (4 * h * t * t * dh, 14 * h * t * t * dh)
+    pairs = t * (t + 1) // 2  # causal: the pairs the kernel computes
+    assert (sdpa["flops_fwd"], sdpa["flops_fwd_bwd"]) == (4 * h * pairs * dh, 14 * h * pairs * dh)
 
 
 def test_png_and_table(cli_run):
@@ -152,7 +164,8 @@ def test_flop_count_of_dense_attention_part_is_analytic(batch, seq_len, causal):
     )  # fmt: skip
     wl = model_workload(create_model("vanilla-tiny", **overrides), spec)
     got = count_flops(wl)
-    assert got == dense_attention_flops(batch, seq_len, config.dim, config.n_heads, config.head_dim)
+    c = config
+    assert got == dense_attention_flops(batch, seq_len, c.dim, c.n_heads, c.head_dim, causal)
 
 
 # ------------------------------------------------------------------------------------ CLI
@@ -359,3 +372,321 @@ def test_cuda_cells_run_with_allocator_peak(tmp_path, isolated_refs):
     alloc = next(r for r in result.records if r["name"] == "test-alloc")
     assert abs(alloc["peak_mib"] - 256) <= 25.6
     assert result.records[0]["env"]["device"] == "cuda" and result.records[0]["flops_fwd"] > 0
+
+
+# ------------------------------------------------------------------------------------ output folder
+
+
+def test_out_with_results_is_refused_unless_append_or_force(cli_run, capsys):
+    _, records, _, out = cli_run
+    before = (out / "results.jsonl").read_text()
+    argv = ["bench", "vanilla-tiny", "--lengths", "64", "--no-progress", "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "already holds results" in err
+    assert "--append" in err and "--force" in err
+    assert (out / "results.jsonl").read_text() == before  # nothing touched
+    assert main([*argv, "--append", "--force"]) == 2
+    assert "exclude each other" in capsys.readouterr().err
+
+
+def test_append_keeps_earlier_records_and_force_replaces_them(tmp_path):
+    out = tmp_path / "o"
+    # every cell skipped by the memory limit: records written, no cell process started
+    kw = dict(refs=["none"], max_memory_mib=0.001, out=out, measure_peak=False, **FAST)
+    run_bench(["vanilla-tiny"], lengths=[64], **kw)
+    (out / "bench.png").write_bytes(b"stale")
+    with pytest.raises(ValueError, match="already holds results"):
+        run_bench(["vanilla-tiny"], lengths=[96], **kw)
+    run_bench(["vanilla-tiny"], lengths=[96], append=True, **kw)
+    lines = (out / "results.jsonl").read_text().splitlines()
+    assert [json.loads(x)["seq_len"] for x in lines] == [64, 96]
+    run_bench(["vanilla-tiny"], lengths=[128], force=True, **kw)
+    lines = (out / "results.jsonl").read_text().splitlines()
+    assert [json.loads(x)["seq_len"] for x in lines] == [128]
+    assert not (out / "bench.png").exists()  # the replaced run's plot went with it
+
+
+# ------------------------------------------------------------------------------------ MFU and noise
+
+
+def _rec(name, tflops, **kw):
+    return dict(
+        name=name, target="m", part="attention", seq_len=64, batch=1, status="ok",
+        flops_fwd=int(tflops * 1e12), fwd_ms=1000.0, flops_fwd_bwd=int(tflops * 1e12),
+        fwd_bwd_ms=1000.0, **kw,
+    )  # fmt: skip
+
+
+def test_no_cell_reads_over_100_percent_mfu():
+    from effiformer.bench.harness import _finalize_peak, _rates
+
+    env = {"peak_tflops": 1.0, "peak_tflops_matmul": 1.0, "peak_source": "matmul"}
+    slow, fast = _rec("slow", 0.5), _rec("fast", 1.5)
+    for r in (slow, fast):
+        _rates(r, env["peak_tflops"])
+    assert fast["mfu"] == pytest.approx(1.5)  # against the measured matmul peak alone
+    _finalize_peak([slow, fast], env)
+    assert env["peak_tflops"] == pytest.approx(1.5) and env["peak_tflops_matmul"] == 1.0
+    assert "fast" in env["peak_source"] and "beat the matmul peak" in env["peak_source"]
+    assert fast["mfu"] == pytest.approx(1.0) and slow["mfu"] == pytest.approx(1 / 3)
+    env2 = {"peak_tflops": 2.0, "peak_tflops_matmul": 2.0, "peak_source": "matmul"}
+    _finalize_peak([slow], env2)  # below the peak: nothing raised
+    assert env2["peak_tflops"] == 2.0 and env2["peak_source"] == "matmul"
+    assert slow["mfu"] == pytest.approx(0.25)
+
+
+def test_peak_is_the_best_of_several_sizes():
+    from effiformer.bench import measure_peak
+
+    best, per_size = measure_peak(torch.device("cpu"), torch.float32, 1, budget_s=0.0)
+    assert best == max(per_size.values()) > 0
+    assert list(per_size) == ["1024"]  # an exhausted budget stops after the first size
+
+
+def test_causal_sdpa_is_counted_as_the_pairs_it_computes():
+    from effiformer.bench.cell import causal_pairs
+
+    assert causal_pairs(4, 4) == 10 and causal_pairs(2, 5) == 3 and causal_pairs(5, 2) == 9
+    q, k, v = (torch.randn(1, 2, 8, 4, requires_grad=True) for _ in range(3))
+    mask = torch.ones(8, 8, dtype=torch.bool).tril()
+    got = {}
+    for what, kw in (("full", {}), ("causal", {"is_causal": True}), ("mask", {"attn_mask": mask})):
+
+        def forward(kw=kw):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, **kw)
+
+        got[what] = count_flops(references.Workload(forward=forward, inputs=(q, k, v)))
+    per = 2 * 2 * (4 + 4), 2 * 2 * (4 + 4) + 2 * 2 * (3 * 4 + 2 * 4)  # fwd, fwd+bwd per pair
+    assert got["full"] == (64 * per[0], 64 * per[1])
+    assert got["causal"] == (36 * per[0], 36 * per[1])  # 8 * 9 / 2 pairs
+    assert got["mask"] == got["full"]  # an explicit mask: every pair is computed
+
+
+def test_noisy_cells_are_flagged():
+    from effiformer.bench import sample_spread
+
+    assert sample_spread([10.0, 10.5, 11.0]) == pytest.approx(0.1 / 1.05)
+    assert sample_spread([5.0]) is None and sample_spread([]) is None
+    # the trimmed range (10-90 %) of 10 samples drops the outer ones
+    assert sample_spread([1.0] + [10.0] * 8 + [100.0], trimmed=True) == 0.0
+    quiet = dict(_rec("quiet", 0.1), fwd_spread=0.05, fwd_bwd_spread=0.1, noisy=False)
+    loud = dict(_rec("loud", 0.1), fwd_spread=0.05, fwd_bwd_spread=0.45, noisy=True)
+    table = format_table([quiet, loud]).splitlines()
+    assert "noisy: samples spread 45% (> 20%)" in next(x for x in table if " loud " in x)
+    assert "noisy" not in next(x for x in table if " quiet " in x)
+
+
+def test_records_carry_spread_and_load(cli_run):
+    for rec in (r for r in cli_run[1] if r["status"] == "ok"):
+        assert rec["noisy"] is False  # one sample: no spread to judge
+        assert rec["fwd_spread"] is None and rec["fwd_bwd_spread"] is None
+        assert len(rec["env"]["loadavg"]) == 3 and rec["env"]["peak_by_size"]
+
+
+# ------------------------------------------------------------------------------------ --set, plugins
+
+
+def test_set_attention_field_is_recorded(tmp_path):
+    """`effiformer bench routing-small --part attention --set attention.window=64`: the cell runs
+    and its record holds the attention config as a dict (it used to fail in json.dumps)."""
+    result = run_bench(
+        ["routing-small"], parts=("attention",), overrides=["attention.window=64"], lengths=[128],
+        refs=["none"], out=tmp_path, measure_peak=False, plot=False, **FAST,
+    )  # fmt: skip
+    (rec,) = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert rec["status"] == "ok", rec["reason"]
+    assert result.records[0]["overrides"] == rec["overrides"]
+    attention = rec["overrides"]["attention"]
+    assert attention["name"] == "routing" and attention["window"] == 64
+    # the rest comes from routing-small's own attention config, not the class defaults
+    assert attention["routing_heads"] == get_config("routing-small").attention.routing_heads
+
+
+PLUGIN_MODEL = """
+from effiformer.config import replace_config
+from effiformer.registry import get_config, register_model
+
+register_model("plugin-test-tiny", replace_config(get_config("vanilla-tiny"), n_layers=1))
+"""
+
+
+def test_plugins_load_before_names_are_resolved(tmp_path, monkeypatch, isolated_refs):
+    from effiformer import registry
+
+    monkeypatch.setattr(registry, "_MODELS", dict(registry._MODELS))
+    path = tmp_path / "plugin_model_for_test.py"
+    path.write_text(PLUGIN_MODEL)
+    result = run_bench(
+        ["plugin-test-tiny"], lengths=[32], refs=["none"], plugins=[str(path)],
+        out=tmp_path / "o", measure_peak=False, plot=False, **FAST,
+    )  # fmt: skip
+    (rec,) = result.records
+    assert rec["name"] == "plugin-test-tiny" and rec["status"] == "ok", rec["reason"]
+
+
+# ------------------------------------------------------------------------------------ memory models
+
+
+@pytest.mark.parametrize("name", ["xl-tiny", "compressive-tiny", "adaptive-span-tiny"])
+def test_memory_models_run_the_model_row_with_full_memories(name):
+    from effiformer.bench.cell import bench_state
+
+    t = 16
+    overrides = bench_overrides(name, [], t)
+    config = get_config(name, **overrides)
+    spec = CellSpec(
+        name=name, config=config, part="model", seq_len=t, batch=1, device=torch.device("cpu"),
+        dtype=torch.float32,
+    )  # fmt: skip
+    model = create_model(name, **overrides)
+    wl = model_workload(model, spec)
+    assert wl.info["model_state"] == "full_memory"
+    full = model.blocks.memory.full_state(list(model.blocks), 1, config.dim, "cpu", torch.float32)
+    state, _ = bench_state(model, 1, torch.device("cpu"), torch.float32)
+    flat = [x for e in state for x in (e if isinstance(e, tuple) else (e,))]
+    assert [x.shape for x in flat] == [
+        x.shape for e in full for x in (e if isinstance(e, tuple) else (e,))
+    ]
+    assert wl.info["memory_lens"] == [sum(x.shape[1] for x in e) if isinstance(e, tuple)
+                                      else e.shape[1] for e in full]  # fmt: skip
+    assert all(n > 0 for n in wl.info["memory_lens"])
+    # the memories are attended: where the first state is shorter (XL's are empty), the step
+    # costs more than the one a model called without a state would run
+    first = [x.shape for e in model.init_state(1) for x in (e if isinstance(e, tuple) else (e,))]
+    if first != [x.shape for x in flat]:
+        ids = torch.randint(0, config.vocab_size, (1, t))
+        bare = dataclasses.replace(wl, forward=lambda: model(ids, targets=ids).total_loss)
+        assert count_flops(wl)[0] > count_flops(bare)[0]
+    else:
+        assert name == "compressive-tiny"  # its first memories are full (zeros) already
+
+
+def test_stateless_models_record_no_state():
+    spec = CellSpec(
+        name="vanilla-tiny", config=get_config("vanilla-tiny"), part="model", seq_len=16, batch=1,
+        device=torch.device("cpu"), dtype=torch.float32,
+    )  # fmt: skip
+    assert model_workload(create_model("vanilla-tiny"), spec).info == {"model_state": "none"}
+
+
+# ------------------------------------------------------------------------------------ built-in refs
+
+
+def test_mechanism_references_are_built_in(capsys):
+    names = {r.name for r in references.list_references()}
+    assert {"local-attention", "routing-transformer", "span-0.1s", "hf-marian"} <= names
+    assert main(["bench", "--list-refs"]) == 0
+    out = capsys.readouterr().out
+    assert "routing-transformer" in out and "span-0s" in out
+    assert len([x for x in out.splitlines() if x.startswith("span-0s ")]) == 1  # one line each
+
+
+def test_a_missing_builtin_reference_module_is_tolerated(monkeypatch):
+    import effiformer.bench as bench
+
+    monkeypatch.setattr(bench, "BUILTIN_REFERENCE_MODULES", ("no_such_references_zz",))
+    bench._import_builtin_references()  # not there yet: skipped
+
+    def broken(name, *a):
+        raise ModuleNotFoundError("No module named 'zz_dep'", name="zz_dep")
+
+    monkeypatch.setattr(bench.importlib, "import_module", broken)
+    with pytest.raises(ModuleNotFoundError, match="zz_dep"):
+        bench._import_builtin_references()  # there, but broken: an error
+
+
+# ------------------------------------------------------------------------------------ decoding
+
+
+def test_decoding_part_records_encoder_decoder_and_total(tmp_path):
+    result = run_bench(
+        ["seq2seq-tiny", "vanilla-tiny"], parts=("decoding",), src_lens=[6], beam=2,
+        out=tmp_path, measure_peak=False, **{**FAST, "repeats": 2, "warmup": 1},
+    )  # fmt: skip
+    records = {r["name"]: r for r in result.records}
+    ours = records["seq2seq-tiny"]
+    assert ours["status"] == "ok", ours["reason"]
+    assert (ours["part"], ours["seq_len"], ours["beam"], ours["steps"]) == ("decoding", 6, 2, 6)
+    assert ours["total_ms"] >= ours["decoder_ms"] >= 0 and ours["encoder_ms"] > 0
+    assert len(ours["total_ms_samples"]) == 2 and ours["repeats"] == 2
+    assert ours["flops_decoding"] > ours["flops_encode"] > 0
+    from effiformer.flops import mult_adds
+
+    expected = mult_adds(get_config("seq2seq-tiny"), src_len=6, tgt_len=6).total
+    assert ours["mult_adds"] == expected and "Mult-Adds" in result.table
+    assert "not an encoder-decoder model" in records["vanilla-tiny"]["reason"]
+    hf = records["hf-marian"]
+    if hf["status"] == "ok":
+        assert hf["total_ms"] > 0 and hf["encoder_ms"] is None and hf["flops_decoding"] > 0
+    else:
+        assert "transformers" in hf["reason"]
+    table = result.table
+    assert "encoder ms" in table and "seq2seq-tiny" in table and "hf-marian" in table
+    assert result.plot_path is None  # decoding cells are not drawn
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["seq2seq-tiny", "--beam", "3"], "--beam only apply to --part decoding"),
+        (["--part", "decoding"], "needs the names of encoder-decoder models"),
+        (["seq2seq-tiny", "--part", "decoding", "--lengths", "64"], "--src-len"),
+        (["seq2seq-tiny", "--part", "decoding", "--batch", "2"], "drop --batch"),
+    ],
+)
+def test_decoding_flag_errors_exit_2(args, message, tmp_path, capsys):
+    assert main(["bench", *args, "--out", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------ Ctrl-C
+
+SLOW_PLUGIN = """
+import time
+
+import torch
+
+from effiformer.bench import Workload, register_reference
+
+
+def quick(spec):
+    w = torch.zeros(1, requires_grad=True)
+    return Workload(forward=lambda: (w * 2).sum(), inputs=(w,))
+
+
+def slow(spec):
+    time.sleep(120)
+
+
+register_reference("vanilla-tiny", quick, name="test-quick")
+register_reference("vanilla-tiny", slow, name="test-slow")
+"""
+
+
+def test_ctrl_c_prints_one_line_keeps_finished_cells_and_exits_130(tmp_path):
+    plugin = tmp_path / "slow_plugin_for_test.py"
+    plugin.write_text(SLOW_PLUGIN)
+    out = tmp_path / "o"
+    cmd = [sys.executable, "-m", "effiformer.cli", "bench", "vanilla-tiny", "--part", "attention"]
+    cmd += ["--lengths", "32", "--refs-only", "--refs", "test-quick", "test-slow", "--plugin"]
+    cmd += [str(plugin), "--repeats", "1", "--warmup", "0", "--no-progress", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )  # fmt: skip
+    results = out / "results.jsonl"
+    deadline = time.monotonic() + 120
+    while not (results.is_file() and results.read_text().strip()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+    time.sleep(1.0)  # the slow cell's process is running now
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends: the whole foreground group
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "Traceback" not in stdout
+    lines = [x for x in stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and "interrupted after 1 of 2 cells" in lines[0], stderr
+    (rec,) = [json.loads(x) for x in results.read_text().splitlines()]
+    assert rec["name"] == "test-quick" and rec["status"] == "ok"

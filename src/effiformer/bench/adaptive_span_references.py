@@ -7,10 +7,10 @@ initial spans of about R) stand beside every registered ``adaptive-span-*`` name
 and attention layer, built from the cell's config (``--set`` applied) as the model row, with
 ``current_val`` overwritten, the whole model against full memories::
 
-    effiformer bench adaptive-span-base --set n_layers=2 --lengths 512 --part both \\
-        --plugin effiformer.bench.adaptive_span_references --refs 'span-*'
+    effiformer bench adaptive-span-base --set n_layers=2 --lengths 512 --part both --refs 'span-*'
 
-The model row itself is the registered initialisation (p = 0) as the harness runs it.
+(built in: :mod:`effiformer.bench` imports this module). The model row itself is the registered
+initialisation (p = 0) as the harness runs it, against full memories too.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 
 from ..attention.adaptive_span import AdaptiveSpanAttention
 from ..registry import build_model, list_models
-from .cell import model_workload
+from .cell import bench_state, model_workload
 from .references import CellSpec, Workload, register_reference
 
 __all__ = ["FRACTIONS", "span_workload", "set_spans_"]
@@ -47,9 +47,8 @@ def span_workload(spec: CellSpec, p: float) -> Workload:
     ``part="attention"``: as the model row (:func:`effiformer.bench.cell.model_workload`, layer
     0 over its full memory). ``part="model"``: one segment of ``seq_len`` tokens against full
     per-layer memories (random states, ``memory_len`` long: what a segment in the middle of a
-    stream sees), loss plus the span penalty. (The harness's own model row calls the model
-    without a state, i.e. with empty memories, so memory models are timed without their
-    memory there.)"""
+    stream sees), loss plus the span penalty: the same state as the harness's own model row
+    (:func:`effiformer.bench.cell.bench_state`)."""
     model = build_model(spec.config)
     set_spans_(model, p)
     if spec.part != "model" or getattr(model.blocks, "memory", None) is None:
@@ -60,16 +59,12 @@ def span_workload(spec: CellSpec, p: float) -> Workload:
     ids = torch.randint(
         0, c.vocab_size, (spec.batch, spec.seq_len), device=spec.device, generator=g
     )
-    blocks = list(model.blocks)
-    zeros = model.blocks.memory.full_state(blocks, spec.batch, c.dim, spec.device, spec.dtype)
-    state = tuple(
-        torch.randn(z.shape, device=spec.device, dtype=spec.dtype, generator=g) for z in zeros
-    )
+    state, info = bench_state(model, spec.batch, spec.device, spec.dtype, g)
 
     def forward() -> torch.Tensor:
         return model(ids, targets=ids, state=state).total_loss
 
-    return Workload(forward=forward, module=model)
+    return Workload(forward=forward, module=model, info=info)
 
 
 def _factory(p: float):
@@ -89,5 +84,5 @@ for _model in list_models("adaptive-span-*"):
             _FACTORIES[_name],
             name=_name,
             parts=("model", "attention"),
-            description=f"{_model} with every head's span fixed at p = {_p} (z = {_p} S)",
+            description=f"the model with every head's span fixed at p = {_p} (z = {_p} S)",
         )

@@ -20,9 +20,22 @@ belongs to this cell alone. The order inside a cell:
 
 FLOPs are what ``FlopCounterMode`` counts (matmuls, convolutions, attention kernels; elementwise
 ops are free). PyTorch registers no formula for the CPU flash-attention kernel
-(``aten._scaled_dot_product_flash_attention_for_cpu`` and its backward), so this module supplies
-one with the same counting as PyTorch's CUDA SDPA formulas: forward ``2·B·H·Tq·Tk·(Dq + Dv)``,
-backward ``2·B·H·Tq·Tk·(3·Dq + 2·Dv)``; like them it does not discount causal masking.
+(``aten._scaled_dot_product_flash_attention_for_cpu`` and its backward), and its CUDA SDPA
+formulas count a causal call as if every (query, key) pair were computed. This module supplies
+formulas for all SDPA kernels (CPU flash; CUDA flash, memory-efficient, cuDNN; forward and
+backward) that count the pairs the kernel computes: every pair without ``is_causal``, the
+unmasked ones with it (query i sees keys 0..i, top-left aligned, as SDPA defines it; about half
+of a square T x T): forward ``2·B·H·pairs·(Dq + Dv)``, backward ``2·B·H·pairs·(3·Dq + 2·Dv)``
+(PyTorch's formulas with ``Tq·Tk`` replaced by ``pairs``). The fused kernels skip the masked
+blocks (a causal CPU SDPA call at T = 4096 takes 0.55x the time of a full one), so counting them
+would credit work no kernel does and put MFU over 100%. An explicit mask (``attn_mask``) is
+counted in full: the kernel computes every pair and masks afterwards.
+
+``--part decoding`` (encoder-decoder models) runs
+:func:`effiformer.bench.decoding.decoding_latency` instead: one sentence of ``seq_len`` source
+tokens, beam ``beam``, exactly ``steps`` decoder steps, ``warmup`` then ``repeats`` timed runs
+(10-90 % trimmed mean), encoder and decoder time apart; a decoding reference's workload
+(``forward`` = one whole translation) is timed the same way, total only.
 """
 
 from __future__ import annotations
@@ -52,7 +65,10 @@ from .references import CellSpec, Workload, list_references
 
 __all__ = [
     "bench_overrides",
+    "bench_state",
+    "is_encoder_decoder",
     "model_workload",
+    "causal_pairs",
     "load_plugin",
     "count_flops",
     "measure_peak_mib",
@@ -65,6 +81,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 MEMORY_METHODS = ("auto", "clear_refs", "maxrss")
+#: Exit status of a cell process stopped by SIGINT (Ctrl-C), as a shell reports it.
+INTERRUPTED = 130
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -113,22 +131,72 @@ def load_plugin(spec: str) -> None:
 # ---------------------------------------------------------------------------------- workloads
 
 
+def bench_state(
+    model: torch.nn.Module,
+    batch: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    generator: torch.Generator | None = None,
+) -> tuple[Any, dict[str, Any]]:
+    """The state the whole-model row runs with, and what to record about it.
+
+    A model may define ``bench_state(batch, device, dtype)`` (returning its state, or ``None``);
+    otherwise a model whose layer stack has a memory policy (``model.blocks.memory``: XL's
+    FIFO memory, the Compressive memory, Adaptive Span's span-sized memories) gets every layer's
+    memory at its full configured length (``memory.full_state``, what ``--part attention``
+    attends over), filled with standard-normal values: a segment in the middle of a stream, not
+    the first one (whose memories are empty). Everything else: ``None``.
+
+    Returns ``(state, info)``; ``info`` is ``{"model_state": "none" | "full_memory" | "hook",
+    "memory_lens": [per-layer lengths] (full memory only)}``.
+    """
+    hook = getattr(model, "bench_state", None)
+    if callable(hook):
+        state = hook(batch, device, dtype)
+        return state, {"model_state": "hook" if state is not None else "none"}
+    memory = getattr(getattr(model, "blocks", None), "memory", None)
+    if memory is None or not hasattr(memory, "full_state"):
+        return None, {"model_state": "none"}
+    blocks = list(model.blocks)
+    dim = model.config.dim
+    zeros = memory.full_state(blocks, batch, dim, device, dtype)
+
+    def fill(t: Any) -> Any:
+        if isinstance(t, torch.Tensor):
+            return torch.randn(t.shape, device=device, dtype=dtype, generator=generator)
+        return tuple(fill(x) for x in t)
+
+    def length(entry: Any) -> int:  # (B, M, D) or a tuple of them (Compressive: mem, cmem)
+        if isinstance(entry, torch.Tensor):
+            return int(entry.shape[1])
+        return sum(length(x) for x in entry)
+
+    state = tuple(fill(e) for e in zeros)
+    return state, {"model_state": "full_memory", "memory_lens": [length(e) for e in zeros]}
+
+
 def model_workload(model: torch.nn.Module, spec: CellSpec) -> Workload:
     """Whole model (``part="model"``: random token ids, ``targets = input_ids``, the loss plus
-    auxiliary losses) or one attention layer (``part="attention"``: ``model.attention_part(x)``
-    on x (B, T, D) requiring grad, backward of ``.sum()``)."""
+    auxiliary losses, with the state of :func:`bench_state`: full memories for memory models)
+    or one attention layer (``part="attention"``: ``model.attention_part(x)`` on x (B, T, D)
+    requiring grad, backward of ``.sum()``)."""
     model.to(device=spec.device, dtype=spec.dtype).train()
     c = spec.config
     if spec.part == "model":
-        ids = torch.randint(0, c.vocab_size, (spec.batch, spec.seq_len), device=spec.device)
+        g = torch.Generator(device=spec.device).manual_seed(0)
+        ids = torch.randint(
+            0, c.vocab_size, (spec.batch, spec.seq_len), device=spec.device, generator=g
+        )
+        state, info = bench_state(model, spec.batch, spec.device, spec.dtype, g)
+        kwargs = {} if state is None else {"state": state}
 
         def forward() -> torch.Tensor:
-            out = model(ids, targets=ids)
+            out = model(ids, targets=ids, **kwargs)
             if out.loss is None:
                 return out.logits.float().mean()
             return out.total_loss
 
-        return Workload(forward=forward, module=model)
+        return Workload(forward=forward, module=model, info=info)
     if spec.part == "attention":
         x = torch.randn(spec.batch, spec.seq_len, c.dim, device=spec.device, dtype=spec.dtype)
         x.requires_grad_()  # (B, T, D)
@@ -170,27 +238,50 @@ def time_ms(
     return samples
 
 
-def _sdpa_cpu_fwd_flops(q, k, v, *args, out_shape=None, **kwargs) -> int:
-    b, hq, sq, dq = q
-    sk, dv = k[2], v[3]
-    return 2 * b * hq * sq * sk * (dq + dv)
+def causal_pairs(tq: int, tk: int) -> int:
+    """(query, key) pairs a causal SDPA call computes: query i sees keys 0..i (top-left
+    aligned, ``torch.ones(Tq, Tk).tril()``)."""
+    if tq <= tk:
+        return tq * (tq + 1) // 2
+    return tk * (tk + 1) // 2 + (tq - tk) * tk
 
 
-def _sdpa_cpu_bwd_flops(grad_out, q, k, v, *args, out_shape=None, **kwargs) -> int:
-    b, hq, sq, dq = q
-    sk, dv = k[2], v[3]
-    return 2 * b * hq * sq * sk * (3 * dq + 2 * dv)
+# (op name, forward?) for every SDPA kernel; the arguments are read by name from the schema.
+_SDPA_OPS = (
+    ("_scaled_dot_product_flash_attention_for_cpu", True),
+    ("_scaled_dot_product_flash_attention_for_cpu_backward", False),
+    ("_scaled_dot_product_flash_attention", True),
+    ("_scaled_dot_product_flash_attention_backward", False),
+    ("_scaled_dot_product_efficient_attention", True),
+    ("_scaled_dot_product_efficient_attention_backward", False),
+    ("_scaled_dot_product_cudnn_attention", True),
+    ("_scaled_dot_product_cudnn_attention_backward", False),
+)
+
+
+def _sdpa_formula(arg_names: list[str], defaults: dict[str, Any], forward: bool):
+    def formula(*args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+        bound = {**defaults, **dict(zip(arg_names, args)), **kwargs}
+        b, hq, sq, dq = bound["query"]
+        sk, dv = bound["key"][2], bound["value"][3]
+        pairs = causal_pairs(sq, sk) if bound.get("is_causal") else sq * sk
+        per_pair = (dq + dv) if forward else (3 * dq + 2 * dv)
+        return 2 * b * hq * pairs * per_pair
+
+    return formula
 
 
 def _extra_flop_formulas() -> dict[Any, Callable[..., int]]:
     aten = torch.ops.aten
     extra: dict[Any, Callable[..., int]] = {}
-    for name, formula in (
-        ("_scaled_dot_product_flash_attention_for_cpu", _sdpa_cpu_fwd_flops),
-        ("_scaled_dot_product_flash_attention_for_cpu_backward", _sdpa_cpu_bwd_flops),
-    ):
-        if hasattr(aten, name):
-            extra[getattr(aten, name)] = formula
+    for name, forward in _SDPA_OPS:
+        if not hasattr(aten, name):
+            continue
+        packet = getattr(aten, name)
+        schema = packet.default._schema
+        names = [a.name for a in schema.arguments]
+        defaults = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
+        extra[packet] = _sdpa_formula(names, defaults, forward)
     return extra
 
 
@@ -291,13 +382,18 @@ def measure_peak_mib(
 # ---------------------------------------------------------------------------------- one cell
 
 
-def _build(cell: dict[str, Any], spec_args: dict[str, Any]) -> tuple[CellSpec, Workload]:
+def _build(cell: dict[str, Any], spec_args: dict[str, Any]) -> tuple[CellSpec, Workload | Any]:
+    """The cell's spec and its workload: a :class:`Workload`, or for the model row of
+    ``part="decoding"`` the model itself (timed by :func:`decoding_latency`)."""
     name = cell["name"]
     overrides = bench_overrides(name, cell["set"], cell["seq_len"])
     config: ModelConfig = get_config(name, **overrides)
     spec = CellSpec(name=name, config=config, **spec_args)
     if cell["reference"] is None:
-        return spec, model_workload(create_model(name, **overrides), spec)
+        model = create_model(name, **overrides)
+        if spec.part == "decoding":
+            return spec, model.to(device=spec.device, dtype=spec.dtype)
+        return spec, model_workload(model, spec)
     ref_name, target = cell["reference"]
     module = cell.get("reference_module")
     if module and module != "__main__" and module not in sys.modules:
@@ -311,7 +407,8 @@ def _build(cell: dict[str, Any], spec_args: dict[str, Any]) -> tuple[CellSpec, W
 def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
     """Measure one cell described by ``cell`` (the JSON the parent writes) and return the
     measurements: fwd_ms, fwd_bwd_ms (medians) and their samples, peak_mib, memory_method,
-    flops_fwd, flops_fwd_bwd, params."""
+    flops_fwd, flops_fwd_bwd, params, and the workload's ``info``; for ``part="decoding"`` see
+    :func:`run_decoding_cell`."""
     device = torch.device(cell["device"])
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("CUDA is not available")
@@ -326,8 +423,12 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
         batch=cell["batch"],
         device=device,
         dtype=DTYPES[cell["dtype"]],
+        beam=int(cell.get("beam", 1)),
+        steps=cell.get("steps"),
     )
     spec, wl = _build(cell, spec_args)
+    if spec.part == "decoding":
+        return run_decoding_cell(spec, wl, int(cell["warmup"]), int(cell["repeats"]))
     sync = _sync(device)
     step = lambda: _fwd_bwd(wl)  # noqa: E731
     method = resolve_memory_method(cell.get("memory_method", "auto"), device)
@@ -345,6 +446,7 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
     fwd = time_ms(lambda: _fwd(wl), lambda: None, sync, int(cell["repeats"]))
     fwd_bwd = time_ms(step, wl.zero_grad, sync, int(cell["repeats"]))
     return {
+        **dict(wl.info),
         "fwd_ms": statistics.median(fwd),
         "fwd_ms_samples": fwd,
         "fwd_bwd_ms": statistics.median(fwd_bwd),
@@ -354,6 +456,81 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
         "flops_fwd": flops_fwd,
         "flops_fwd_bwd": flops_fwd_bwd,
         "params": params,
+    }
+
+
+#: What :func:`effiformer.generation.beam_search` calls on a model.
+DECODING_METHODS = ("encode", "init_decoding_state", "decode_step", "reorder_decoding_state")
+
+
+def is_encoder_decoder(model: Any) -> bool:
+    """Whether ``model`` has the incremental encoder-decoder interface beam search needs."""
+    return all(callable(getattr(model, m, None)) for m in DECODING_METHODS)
+
+
+def _count(fn: Callable[[], Any]) -> int:
+    with FlopCounterMode(display=False, custom_mapping=_extra_flop_formulas()) as fc:
+        fn()
+    return int(fc.get_total_flops())
+
+
+@torch.inference_mode()
+def run_decoding_cell(spec: CellSpec, built: Any, warmup: int, runs: int) -> dict[str, Any]:
+    """``part="decoding"``. The model row: :func:`~effiformer.bench.decoding.decoding_latency`
+    (encoder, decoder and total ms, trimmed means) and the FLOPs of one encoder pass and of one
+    whole beam search. A reference (a :class:`Workload` whose ``forward`` translates once):
+    ``warmup`` untimed and ``runs`` timed calls, total ms only (the same trimmed mean)."""
+    from .decoding import decoding_latency, trimmed_mean
+
+    steps = spec.seq_len if spec.steps is None else spec.steps
+    out: dict[str, Any] = {"beam": spec.beam, "steps": steps}
+    if isinstance(built, Workload):
+        sync = _sync(spec.device)
+        out["flops_decoding"] = _count(built.forward)
+        for _ in range(warmup):
+            built.forward()
+        samples = time_ms(built.forward, lambda: None, sync, runs)
+        params = 0 if built.module is None else sum(p.numel() for p in built.module.parameters())
+        return {
+            **dict(built.info), **out, "total_ms": trimmed_mean(samples),
+            "total_ms_samples": samples, "params": params,
+        }  # fmt: skip
+    model = built
+    if not is_encoder_decoder(model):
+        raise ValueError(
+            f"--part decoding needs an encoder-decoder model (encode + beam search); "
+            f"{type(model).__name__} has none"
+        )
+    from ..generation import beam_search
+
+    lat = decoding_latency(
+        model, src_len=spec.seq_len, beam=spec.beam, steps=steps, warmup=warmup, runs=runs
+    )
+    g = torch.Generator().manual_seed(0)
+    cfg = model.config
+    src = torch.randint(max(cfg.pad_id, cfg.bos_id, cfg.eos_id) + 1, cfg.vocab_size,
+                        (1, spec.seq_len), generator=g)  # fmt: skip
+    src[0, -1] = cfg.eos_id
+    src = src.to(spec.device)
+    was_training = model.training
+    model.eval()
+    try:
+        flops_encode = _count(lambda: model.encode(src))
+        flops_all = _count(lambda: beam_search(
+            model, src, beam=spec.beam, max_len_a=0, max_len_b=steps - 1, min_len=steps - 1,
+            early_stopping=True,
+        ))  # fmt: skip
+    finally:
+        model.train(was_training)
+    return {
+        **out,
+        "encoder_ms": lat.encoder_s * 1e3,
+        "decoder_ms": lat.decoder_s * 1e3,
+        "total_ms": lat.total_s * 1e3,
+        "total_ms_samples": [t * 1e3 for t in lat.raw],
+        "flops_encode": flops_encode,
+        "flops_decoding": flops_all,
+        "params": sum(p.numel() for p in model.parameters()),
     }
 
 
@@ -391,13 +568,16 @@ def _parse_cell_argv(argv: list[str]) -> tuple[Path, Path]:
 
 def cell_main(argv: list[str]) -> int:
     """``python -m effiformer.bench --cell CELL.json --result RESULT.json``: run one cell and
-    write its measurements (or ``{"error": ...}``) to RESULT.json. Exit 0 on success, 1 on error."""
+    write its measurements (or ``{"error": ...}``) to RESULT.json. Exit 0 on success, 1 on error,
+    130 (nothing written) when interrupted by SIGINT."""
     cell_path, result_path = _parse_cell_argv(argv)
     _die_with_parent()
     cell = json.loads(cell_path.read_text())
     try:
         result: dict[str, Any] = run_cell(cell)
         code = 0
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group; the parent reports it
+        return INTERRUPTED
     except Exception as e:  # reported to the parent as a skipped cell, never raised further
         traceback.print_exc(file=sys.stderr)
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""

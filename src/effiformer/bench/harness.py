@@ -11,16 +11,32 @@ For registered model names (or globs) it measures, per cell (name x part x lengt
   it: on CPU the process's high-water mark (``/proc/self/clear_refs`` reset, VmHWM - VmRSS), with
   the ``getrusage`` max-RSS difference on the first step as a fallback; on CUDA the allocator's
   peak (``max_memory_allocated`` minus allocated before). ``memory_method`` records which;
-- ``flops_fwd`` / ``flops_fwd_bwd``: ``torch.utils.flop_counter.FlopCounterMode`` counts, and
-  ``mfu`` / ``mfu_fwd``: achieved FLOP/s over the machine's matmul peak measured once per run
-  (``env.peak_tflops``: fastest of several 2048² matmuls on CPU, 8192² on CUDA, in the run's
-  dtype);
+- ``flops_fwd`` / ``flops_fwd_bwd``: ``torch.utils.flop_counter.FlopCounterMode`` counts (a
+  causal SDPA call counted as the pairs it computes, see :mod:`.cell`), and ``mfu`` /
+  ``mfu_fwd``: achieved FLOP/s over the machine's peak (``env.peak_tflops``): the fastest
+  square matmul of several sizes (1024-3072 on CPU, 4096-16384 on CUDA, in the run's dtype and
+  thread count, best of several runs each: interference only ever slows a run down), raised to
+  the fastest cell's own FLOP/s when a cell beat it (``env.peak_source`` says so), so that no
+  cell reads over 100%;
+- ``fwd_spread`` / ``fwd_bwd_spread``: (max - min) / median of the timed samples, and
+  ``noisy``: a spread over 20% (:data:`NOISY_SPREAD`) in either; the table notes it;
 - ``params``: parameters that receive a gradient in the step (the attention layer's alone for
   ``--part attention``);
-- ``mult_adds``: the analytic Mult-Adds of the workload's forward (:func:`effiformer.flops.bench_mult_adds`:
-  the first layer's self-attention for ``--part attention``, a translation model over
-  ``seq_len`` source and target tokens for ``--part model``; ``None`` where it is not known and
-  for reference rows).
+- ``mult_adds``: the analytic Mult-Adds of the workload's forward
+  (:func:`effiformer.flops.bench_mult_adds`: the first layer's self-attention for
+  ``--part attention``, a translation model over ``seq_len`` source and target tokens for
+  ``--part model``, over ``seq_len`` source and ``steps`` target tokens, teacher-forced, for
+  ``--part decoding``; ``None`` where it is not known and for reference rows);
+- the whole model row of a memory model (XL, Compressive, Adaptive Span) runs against full
+  memories (``model_state: "full_memory"``, ``memory_lens``), the same memories its attention
+  row attends over: a segment in the middle of a stream.
+
+``--part decoding`` (encoder-decoder models): ``encoder_ms``, ``decoder_ms``, ``total_ms`` of
+translating one sentence of ``seq_len`` source tokens with beam ``beam`` for ``steps`` decoder
+steps (:func:`effiformer.bench.decoding.decoding_latency`, HAT's measurement: 10-90 % trimmed
+means of ``repeats`` runs after ``warmup``, default 20 and 5), ``total_ms_samples``,
+``total_spread`` (over the trimmed runs), ``flops_encode`` / ``flops_decoding`` (one encoder
+pass / one whole beam search, all beams).
 
 Every cell runs in its own fresh process (``python -m effiformer.bench --cell``), so a cell
 that dies (exception, OOM killer) becomes a skipped record with the reason, and the CPU high-water
@@ -35,18 +51,23 @@ Reference rows (``sdpa``, ``torch-mha``, ``torch-nn`` and whatever plug-ins regi
 :mod:`effiformer.bench.references`.
 
 Output: ``OUT/results.jsonl`` (one record per cell, each carrying the environment: torch and Python
-versions, device name, threads, dtype, git sha, measured peak), an aligned text table, and
-``OUT/bench.png`` (time and memory against length, log-log, one line per row).
+versions, device name, threads, dtype, git sha, peak, load average), an aligned text table, and
+``OUT/bench.png`` (time and memory against length, log-log, one line per row). A folder that
+already holds results is refused unless ``append`` (add this run's records; the plot shows
+all) or ``force`` (replace them). Records are written as cells finish; on Ctrl-C the finished
+ones stay and :class:`BenchInterrupted` (a ``KeyboardInterrupt``) carries them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import json
 import logging
 import os
 import platform
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -59,24 +80,40 @@ from typing import Any
 import torch
 
 from .. import __version__
-from ..flops import bench_mult_adds
+from ..flops import bench_mult_adds, mult_adds
 from ..registry import build_model, get_config, get_spec, list_models
-from .cell import DTYPES, MEMORY_METHODS, bench_overrides, load_plugin
+from .cell import (
+    DTYPES,
+    INTERRUPTED,
+    MEMORY_METHODS,
+    bench_overrides,
+    is_encoder_decoder,
+    load_plugin,
+)
 from .references import (
     PARTS,
+    TRAINING_PARTS,
     CellSpec,
     Reference,
     list_references,
     missing_requirements,
     references_for,
 )
-from .report import format_table, plot_results
+from .report import NOISY_SPREAD, format_table, plot_results
 
 __all__ = [
     "DEFAULT_NAMES",
     "DEFAULT_LENGTHS",
     "DEFAULT_REFS",
+    "DEFAULT_REPEATS",
+    "DEFAULT_WARMUP",
+    "DECODING_RUNS",
+    "DECODING_WARMUP",
+    "NOISY_SPREAD",
     "BenchResult",
+    "BenchInterrupted",
+    "OutputExistsError",
+    "sample_spread",
     "run_bench",
     "resolve_names",
     "estimate_cell_bytes",
@@ -89,14 +126,26 @@ logger = logging.getLogger(__name__)
 DEFAULT_NAMES = ("vanilla-small",)
 DEFAULT_LENGTHS = (256, 512, 1024, 2048, 4096)
 DEFAULT_REFS = ("sdpa",)
+DEFAULT_REPEATS = 5
+DEFAULT_WARMUP = 1
+#: HAT's latency measurement (``latency_dataset.py``): 5 warm-up runs, then 20 timed.
+DECODING_RUNS = 20
+DECODING_WARMUP = 5
+DEFAULT_SRC_LENS = (30,)
+DEFAULT_BEAM = 5
 RESULTS = "results.jsonl"
 PLOT = "bench.png"
 CPU_RESERVE_MIB = 1024
 CUDA_RESERVE_MIB = 512
 
 MEASURED = (
-    "fwd_ms", "fwd_ms_samples", "fwd_bwd_ms", "fwd_bwd_ms_samples", "peak_mib", "memory_method",
-    "flops_fwd", "flops_fwd_bwd", "tflops_fwd", "tflops_fwd_bwd", "mfu_fwd", "mfu", "cell_s",
+    "fwd_ms", "fwd_ms_samples", "fwd_bwd_ms", "fwd_bwd_ms_samples", "fwd_spread",
+    "fwd_bwd_spread", "noisy", "peak_mib", "memory_method", "flops_fwd", "flops_fwd_bwd",
+    "tflops_fwd", "tflops_fwd_bwd", "mfu_fwd", "mfu", "cell_s",
+)  # fmt: skip
+DECODING_MEASURED = (
+    "beam", "steps", "encoder_ms", "decoder_ms", "total_ms", "total_ms_samples", "total_spread",
+    "noisy", "flops_encode", "flops_decoding", "cell_s",
 )  # fmt: skip
 
 
@@ -110,6 +159,35 @@ class BenchResult:
     @property
     def table(self) -> str:
         return format_table(self.records)
+
+
+class OutputExistsError(FileExistsError, ValueError):
+    """The output folder already holds results and neither ``append`` nor ``force`` was given."""
+
+
+class BenchInterrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`run_bench`: ``result`` holds the cells that finished (already in
+    ``results.jsonl``), ``total`` the number of cells planned."""
+
+    def __init__(self, result: BenchResult, total: int) -> None:
+        super().__init__(f"interrupted after {len(result.records)} of {total} cells")
+        self.result, self.total = result, total
+
+
+def sample_spread(samples: Sequence[float] | None, *, trimmed: bool = False) -> float | None:
+    """(max - min) / median of timing samples (of the 10-90 % range that
+    :func:`~effiformer.bench.decoding.trimmed_mean` averages when ``trimmed``); ``None`` for
+    fewer than two samples."""
+    if not samples or len(samples) < 2:
+        return None
+    v = sorted(samples)
+    if trimmed:
+        a = int(len(v) * 0.1)
+        v = v[a : max(int(len(v) * 0.9), a + 1)]
+        if len(v) < 2:
+            return None
+    med = statistics.median(v)
+    return (v[-1] - v[0]) / med if med > 0 else None
 
 
 # ---------------------------------------------------------------------------------- environment
@@ -152,41 +230,79 @@ def _meminfo_mib(key: str) -> float | None:
     return None
 
 
-def measure_peak_tflops(device: torch.device, dtype: torch.dtype, threads: int) -> float:
-    """Best achieved TFLOP/s of a square matmul (2048 on CPU, 8192 on CUDA) in ``dtype``: the
-    fastest of several runs after two warm-ups, since a peak is what the machine can do and
-    interference from other processes only ever slows a run down."""
-    n, repeats = (8192, 10) if device.type == "cuda" else (2048, 8)
+PEAK_SIZES = {"cpu": (1024, 2048, 3072), "cuda": (4096, 8192, 16384)}
+PEAK_BUDGET_S = {"cpu": 1.5, "cuda": 2.0}
+PEAK_RUNS = (2, 10)  # timed runs per size: at least, at most
+
+
+def measure_peak(
+    device: torch.device, dtype: torch.dtype, threads: int, *, budget_s: float | None = None
+) -> tuple[float, dict[str, float]]:
+    """The machine's matmul peak in TFLOP/s and the best per size: square matmuls of
+    :data:`PEAK_SIZES` in ``dtype`` with ``threads`` intra-op threads (as the cells run), each
+    size one warm-up and then 2 to 10 timed runs within its share of the time budget (sizes
+    after the budget is spent are left out); the best run of the best size, since interference
+    from other processes only ever slows a run down."""
+    kind = "cuda" if device.type == "cuda" else "cpu"
+    sizes = PEAK_SIZES[kind]
+    budget = PEAK_BUDGET_S[kind] if budget_s is None else budget_s
+    least, most = PEAK_RUNS
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
+    per_size: dict[str, float] = {}
+    start = time.perf_counter()
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     try:
         gen = torch.Generator(device=device).manual_seed(0)
-        a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
-        b = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
-        times = []
-        for i in range(repeats + 2):
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
-            torch.mm(a, b)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            if i >= 2:
-                times.append(time.perf_counter() - t0)
+        for k, n in enumerate(sizes):
+            if k and time.perf_counter() - start > budget:
+                break
+            share_end = start + budget * (k + 1) / len(sizes)
+            a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
+            b = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
+            torch.mm(a, b)  # warm-up
+            sync()
+            best = float("inf")
+            for i in range(most):
+                if i >= least and time.perf_counter() > share_end:
+                    break
+                t0 = time.perf_counter()
+                torch.mm(a, b)
+                sync()
+                best = min(best, time.perf_counter() - t0)
+            per_size[str(n)] = 2 * n**3 / best / 1e12
+            del a, b
     finally:
         torch.set_num_threads(old)
-    return 2 * n**3 / min(times) / 1e12
+    return max(per_size.values()), per_size
+
+
+def measure_peak_tflops(device: torch.device, dtype: torch.dtype, threads: int) -> float:
+    """The matmul peak of :func:`measure_peak` (TFLOP/s)."""
+    return measure_peak(device, dtype, threads)[0]
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
 
 
 def environment(device: torch.device, dtype: str, threads: int, *, peak: bool = True) -> dict:
-    """What every record carries: versions, device, threads, dtype, git sha, matmul peak."""
+    """What every record carries: versions, device, threads, dtype, git sha, load average
+    (1, 5, 15 min, before the run), matmul peak."""
     if device.type == "cuda":
         device_name = torch.cuda.get_device_name(device)
         mem_total = torch.cuda.get_device_properties(device).total_memory / 2**20
     else:
         device_name = _cpu_name()
         mem_total = _meminfo_mib("MemTotal")
-    return {
+    env = {
         "torch": torch.__version__,
         "python": platform.python_version(),
         "effiformer": __version__,
@@ -198,13 +314,27 @@ def environment(device: torch.device, dtype: str, threads: int, *, peak: bool = 
         "mem_total_mib": mem_total,
         "threads": threads,
         "dtype": dtype,
-        "peak_tflops": measure_peak_tflops(device, DTYPES[dtype], threads) if peak else None,
-        "peak_method": (
-            f"fastest {'8192' if device.type == 'cuda' else '2048'}^2 {dtype} matmul of 8+"
-            if peak
-            else None
-        ),
+        "loadavg": _loadavg(),
+        "peak_tflops": None,
+        "peak_tflops_matmul": None,
+        "peak_by_size": None,
+        "peak_method": None,
+        "peak_source": None,
     }
+    if peak:
+        best, per_size = measure_peak(device, DTYPES[dtype], threads)
+        sizes = PEAK_SIZES["cuda" if device.type == "cuda" else "cpu"]
+        env.update(
+            peak_tflops=best,
+            peak_tflops_matmul=best,
+            peak_by_size=per_size,
+            peak_method=(
+                f"fastest square {dtype} matmul of sizes {', '.join(map(str, sizes))} "
+                f"({threads} threads), best of several runs each"
+            ),
+            peak_source="matmul",
+        )
+    return env
 
 
 # ---------------------------------------------------------------------------------- planning
@@ -288,9 +418,26 @@ def _has_attention_part(model: torch.nn.Module) -> bool:
 def _blank_record(**kw: Any) -> dict[str, Any]:
     rec: dict[str, Any] = dict(kw)
     env = rec.pop("env")
-    rec.update({k: None for k in MEASURED if k not in rec})
+    measured = DECODING_MEASURED if rec.get("part") == "decoding" else MEASURED
+    rec.update({k: None for k in measured if k not in rec})
     rec["env"] = env  # last: the long part
     return rec
+
+
+def _jsonable(v: Any) -> Any:
+    """Config values as JSON: nested configs (``AttentionConfig``) through their ``to_dict``."""
+    to_dict = getattr(v, "to_dict", None)
+    if callable(to_dict):
+        return _jsonable(to_dict())
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return _jsonable(dataclasses.asdict(v))
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, torch.dtype):
+        return str(v)
+    return v
 
 
 def _signal_name(code: int) -> str:
@@ -301,7 +448,8 @@ def _signal_name(code: int) -> str:
 
 
 def _run_cell_process(cell: dict[str, Any], timeout: float | None) -> dict[str, Any]:
-    """Run one cell in a fresh Python process; always returns a dict (``error`` on failure)."""
+    """Run one cell in a fresh Python process; always returns a dict (``error`` on failure).
+    Raises ``KeyboardInterrupt`` when the cell was stopped by SIGINT (Ctrl-C)."""
     with tempfile.TemporaryDirectory(prefix="effiformer-cell-") as tmp:
         cell_path, result_path = Path(tmp, "cell.json"), Path(tmp, "result.json")
         cell_path.write_text(json.dumps(cell))
@@ -321,6 +469,8 @@ def _run_cell_process(cell: dict[str, Any], timeout: float | None) -> dict[str, 
         except subprocess.TimeoutExpired:
             return {"error": f"cell process timed out after {timeout:g} s (--cell-timeout)"}
         wall = time.perf_counter() - t0
+        if proc.returncode in (INTERRUPTED, -signal.SIGINT):
+            raise KeyboardInterrupt
         result = None
         if result_path.is_file():
             try:
@@ -343,6 +493,36 @@ def _run_cell_process(cell: dict[str, Any], timeout: float | None) -> dict[str, 
         return {"error": why}
 
 
+def _positive(v: Any, what: str, *, zero: bool = False) -> None:
+    lo = 0 if zero else 1
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        kind = "an integer >= 0" if zero else "a positive integer"
+        raise ValueError(f"{what} must be {kind}, got {v!r}")
+
+
+def _read_records(path: Path) -> list[str]:
+    """The non-empty lines of an earlier ``results.jsonl`` (kept verbatim when appending)."""
+    return [ln for ln in path.read_text().splitlines() if ln.strip()]
+
+
+def _parse_lines(lines: Iterable[str]) -> list[dict[str, Any]]:
+    out = []
+    for ln in lines:
+        try:
+            rec = json.loads(ln)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and "status" in rec and "part" in rec:
+            out.append(rec)
+    return out
+
+
+def _write_atomic(path: Path, lines: Sequence[str]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(ln + "\n" for ln in lines))
+    os.replace(tmp, path)
+
+
 def run_bench(
     names: Sequence[str] = (),
     *,
@@ -353,9 +533,11 @@ def run_bench(
     device: str = "cpu",
     dtype: str = "float32",
     threads: int | None = None,
-    repeats: int = 5,
-    warmup: int = 1,
+    repeats: int | None = None,
+    warmup: int | None = None,
     out: str | os.PathLike = "bench-out",
+    append: bool = False,
+    force: bool = False,
     refs: Sequence[str] | None = None,
     refs_only: bool = False,
     plugins: Sequence[str] = (),
@@ -365,27 +547,46 @@ def run_bench(
     progress: bool = True,
     plot: bool = True,
     measure_peak: bool = True,
+    src_lens: Sequence[int] = DEFAULT_SRC_LENS,
+    beam: int = DEFAULT_BEAM,
+    steps: int | None = None,
 ) -> BenchResult:
     """Benchmark ``names`` (registered names or globs) at ``lengths`` and write ``out``.
 
-    With no ``names``: the default set, :data:`DEFAULT_NAMES` with both parts and the ``sdpa``
-    reference only. ``parts`` defaults to ``("model",)`` when names are given. ``overrides`` are
-    ``KEY=VALUE`` config items (as ``--set``). ``refs`` are globs over reference names
-    (``("none",)`` for none; default: every matching reference, ``sdpa`` only for the default set);
-    ``refs_only`` drops the model rows.
+    With no ``names``: the default set, :data:`DEFAULT_NAMES` with parts model and attention and
+    the ``sdpa`` reference only. ``parts`` defaults to ``("model",)`` when names are given;
+    ``"decoding"`` times whole translations of encoder-decoder models at the source lengths
+    ``src_lens`` with ``beam`` and ``steps`` decoder steps (default: the source length).
+    ``repeats`` / ``warmup``: timed and warm-up runs per cell (default 5 and 1; for decoding
+    20 and 5, HAT's). ``overrides`` are ``KEY=VALUE`` config items (as ``--set``). ``refs`` are
+    globs over reference names (``("none",)`` for none; default: every matching reference,
+    ``sdpa`` only for the default set); ``refs_only`` drops the model rows. ``plugins`` are
+    imported first (they may register models as well as references).
+
+    ``out`` must not hold results already unless ``append`` (add to them) or ``force``
+    (replace them): :class:`OutputExistsError` otherwise. Ctrl-C raises
+    :class:`BenchInterrupted` with the finished cells (already written).
     Returns every record; skipped cells are records with ``status="skipped"`` and a ``reason``.
     """
-    for v, what in ((batch, "batch"), (repeats, "repeats")):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{what} must be a positive integer, got {v!r}")
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
+    _positive(batch, "batch")
+    if repeats is not None:
+        _positive(repeats, "repeats")
+    if warmup is not None:
+        _positive(warmup, "warmup", zero=True)
+    _positive(beam, "beam")
+    if steps is not None:
+        _positive(steps, "steps")
     lengths = list(lengths)
     if not lengths:
         raise ValueError("lengths must name at least one sequence length")
     for length in lengths:
         if isinstance(length, bool) or not isinstance(length, int) or length < 1:
             raise ValueError(f"lengths must be positive integers, got {length!r}")
+    src_lens = list(src_lens)
+    if not src_lens or any(
+        isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in src_lens
+    ):
+        raise ValueError(f"src_lens must be positive integers, got {src_lens!r}")
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
     if memory_method not in MEMORY_METHODS:
@@ -394,6 +595,8 @@ def run_bench(
         )
     if max_memory_mib is not None and max_memory_mib <= 0:
         raise ValueError(f"max_memory_mib must be > 0, got {max_memory_mib!r}")
+    if append and force:
+        raise ValueError("--append and --force exclude each other")
     dev = torch.device(device)
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
@@ -404,15 +607,20 @@ def run_bench(
     elif isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads must be a positive integer, got {threads!r}")
     if parts is None:
-        parts = PARTS if not names else ("model",)
+        parts = TRAINING_PARTS if not names else ("model",)
+    parts = list(parts)
     for p in parts:
         if p not in PARTS:
             raise ValueError(f"part must be one of {list(PARTS)}, got {p!r}")
+    if "decoding" in parts and not names:
+        raise ValueError(
+            "--part decoding needs the names of encoder-decoder models (e.g. transformer-base)"
+        )
     if refs is None:
         refs = ("*",) if names else DEFAULT_REFS
-    names = resolve_names(names) if names else list(DEFAULT_NAMES)
-    for plugin in plugins:
+    for plugin in plugins:  # first: a plugin may register the models it is asked for
         load_plugin(plugin)
+    names = resolve_names(names) if names else list(DEFAULT_NAMES)
     ref_patterns = [] if list(refs) == ["none"] else list(refs)
     all_refs = list_references()
     for pat in ref_patterns:
@@ -423,16 +631,37 @@ def run_bench(
     for name in names:  # parse errors (unknown keys, bad values) before anything runs
         get_config(name, **bench_overrides(name, set_items, 1))
 
-    cells = _plan(names, lengths, parts, ref_patterns, refs_only, set_items)
+    cells = _plan(names, lengths, src_lens, parts, ref_patterns, refs_only, set_items, steps)
     if not cells:
         raise ValueError("nothing to run: no model rows (refs_only) and no matching references")
     out_dir = Path(out)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    results_path = out_dir / RESULTS
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"--out {out_dir} is a file, not a folder")
+    earlier: list[str] = []
+    if results_path.is_file() and results_path.stat().st_size > 0:
+        if append:
+            earlier = _read_records(results_path)
+        elif not force:
+            raise OutputExistsError(
+                f"{out_dir} already holds results ({results_path}); pass --append to add this "
+                "run's cells to them or --force to replace them"
+            )
     env = environment(dev, dtype, threads, peak=measure_peak)
     common = dict(
-        batch=batch, device=str(dev), dtype=dtype, threads=threads, repeats=repeats,
-        warmup=warmup, memory_method=memory_method, plugins=list(plugins),
+        batch=batch, device=str(dev), dtype=dtype, threads=threads, memory_method=memory_method,
+        plugins=list(plugins), beam=beam,
     )  # fmt: skip
+    runs = {
+        "training": (
+            DEFAULT_REPEATS if repeats is None else repeats,
+            DEFAULT_WARMUP if warmup is None else warmup,
+        ),
+        "decoding": (
+            DECODING_RUNS if repeats is None else repeats,
+            DECODING_WARMUP if warmup is None else warmup,
+        ),
+    }
     if max_memory_mib is not None:
         limit, limit_why = float(max_memory_mib), "--max-memory-mib"
     else:
@@ -440,33 +669,52 @@ def run_bench(
 
     from tqdm.auto import tqdm
 
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if force:
+        (out_dir / PLOT).unlink(missing_ok=True)
     records: list[dict[str, Any]] = []
-    results_path = out_dir / RESULTS
     meta_cache: dict[tuple[str, int], torch.nn.Module | None] = {}
-    with (
-        open(results_path, "w") as fh,
-        tqdm(
-            total=len(cells), desc="bench", unit="cell", file=sys.stderr, disable=not progress
-        ) as bar,
-    ):
-        for c in cells:
-            bar.set_postfix_str(f"{c['label']} {c['part']} T={c['seq_len']}")
-            rec = _measure(c, common, env, limit, limit_why, meta_cache, cell_timeout)
-            records.append(rec)
-            fh.write(json.dumps(rec) + "\n")
-            fh.flush()
-            bar.update(1)
-    plot_path = out_dir / PLOT if plot and plot_results(records, out_dir / PLOT) else None
+    interrupted = False
+    try:
+        with (
+            open(results_path, "a" if append else "w") as fh,
+            tqdm(
+                total=len(cells), desc="bench", unit="cell", file=sys.stderr,
+                disable=not progress,
+            ) as bar,
+        ):  # fmt: skip
+            for c in cells:
+                bar.set_postfix_str(f"{c['label']} {c['part']} T={c['seq_len']}")
+                n_rep, n_warm = runs["decoding" if c["part"] == "decoding" else "training"]
+                cell_common = dict(common, repeats=n_rep, warmup=n_warm)
+                rec = _measure(c, cell_common, env, limit, limit_why, meta_cache, cell_timeout)
+                records.append(rec)
+                fh.write(json.dumps(rec) + "\n")
+                fh.flush()
+                bar.update(1)
+    except KeyboardInterrupt:
+        interrupted = True
+    _finalize_peak(records, env)
+    _write_atomic(results_path, [*earlier, *(json.dumps(r) for r in records)])
+    if interrupted:
+        result = BenchResult(records=records, results_path=results_path, plot_path=None, env=env)
+        raise BenchInterrupted(result, len(cells))
+    plotted = _parse_lines(earlier) + records
+    plot_path = out_dir / PLOT if plot and plot_results(plotted, out_dir / PLOT) else None
     return BenchResult(records=records, results_path=results_path, plot_path=plot_path, env=env)
 
 
-def _plan(names, lengths, parts, ref_patterns, refs_only, set_items) -> list[dict[str, Any]]:
+def _plan(
+    names, lengths, src_lens, parts, ref_patterns, refs_only, set_items, steps
+) -> list[dict[str, Any]]:
     cells = []
     for part in parts:
-        for length in lengths:
+        for length in src_lens if part == "decoding" else lengths:
             for name in names:
                 family = get_spec(name).family
                 base = dict(name=name, family=family, part=part, seq_len=length, set=set_items)
+                if part == "decoding":
+                    base["steps"] = length if steps is None else steps
                 if not refs_only:
                     cells.append(dict(base, label=name, reference=None))
                 for ref in references_for(name, family, part):
@@ -475,11 +723,58 @@ def _plan(names, lengths, parts, ref_patterns, refs_only, set_items) -> list[dic
     return cells
 
 
+def _rates(rec: dict[str, Any], peak: float | None) -> None:
+    if rec.get("part") == "decoding":
+        return
+    for tag, mfu_key in (("fwd", "mfu_fwd"), ("fwd_bwd", "mfu")):
+        flops, ms = rec.get(f"flops_{tag}"), rec.get(f"{tag}_ms")
+        tflops = flops / (ms / 1e3) / 1e12 if flops is not None and ms and ms > 0 else None
+        rec[f"tflops_{tag}"] = tflops
+        rec[mfu_key] = tflops / peak if tflops is not None and peak else None
+
+
+def _finalize_peak(records: list[dict[str, Any]], env: dict[str, Any]) -> None:
+    """Raise ``env.peak_tflops`` to the fastest cell's FLOP/s when a cell beat the measured
+    matmul peak (the machine can evidently do that much), and recompute every MFU with it."""
+    matmul = env.get("peak_tflops_matmul")
+    if not matmul:
+        return
+    best, who = matmul, None
+    for r in records:
+        if r.get("status") != "ok":
+            continue
+        for tag in ("fwd", "fwd_bwd"):
+            t = r.get(f"tflops_{tag}")
+            if t is not None and t > best:
+                best, who = t, (r, tag)
+    if who is not None:
+        r, tag = who
+        env["peak_tflops"] = best
+        env["peak_source"] = (
+            f"cell {r['name']} {r['part']} T={r['seq_len']} {tag.replace('_', '+')} "
+            f"({best:.3f} TFLOP/s) beat the matmul peak ({matmul:.3f})"
+        )
+    for r in records:
+        _rates(r, env.get("peak_tflops"))
+
+
+def _mult_adds(config: Any, part: str, length: int, steps: int | None) -> int | None:
+    """Analytic Mult-Adds of a model row (:mod:`effiformer.flops`); ``None`` where unknown."""
+    if part == "decoding":
+        m = mult_adds(config, src_len=length, tgt_len=steps)
+        return None if m is None else m.total
+    return bench_mult_adds(config, part, length)
+
+
 def _measure(c, common, env, limit, limit_why, meta_cache, timeout) -> dict[str, Any]:
     ref: Reference | None = c["reference"]
-    name, part, length, batch = c["name"], c["part"], c["seq_len"], common["batch"]
-    overrides = bench_overrides(name, c["set"], length)
+    name, part, length = c["name"], c["part"], c["seq_len"]
+    decoding = part == "decoding"
+    batch = 1 if decoding else common["batch"]
+    fit = max(length, c["steps"] + 1) if decoding else length
+    overrides = bench_overrides(name, c["set"], fit)
     config = get_config(name, **overrides)
+    extra = dict(beam=common["beam"], steps=c["steps"]) if decoding else {}
     rec = _blank_record(
         name=c["label"],
         kind="model" if ref is None else "reference",
@@ -488,6 +783,7 @@ def _measure(c, common, env, limit, limit_why, meta_cache, timeout) -> dict[str,
         part=part,
         seq_len=length,
         batch=batch,
+        **extra,
         device=common["device"],
         dtype=common["dtype"],
         status="ok",
@@ -496,8 +792,10 @@ def _measure(c, common, env, limit, limit_why, meta_cache, timeout) -> dict[str,
         est_mib=None,
         baseline=bool(ref is not None and ref.baseline),
         set=list(c["set"]),
-        overrides=dict(overrides),
-        mult_adds=None if ref is not None else bench_mult_adds(config, part, length),
+        overrides=_jsonable(overrides),
+        repeats=common["repeats"],
+        warmup=common["warmup"],
+        mult_adds=None if ref is not None else _mult_adds(config, part, length, c.get("steps")),
         env=env,
     )
     if ref is not None:
@@ -508,7 +806,7 @@ def _measure(c, common, env, limit, limit_why, meta_cache, timeout) -> dict[str,
                 "(pip install 'effiformer[reference]' or the package)"
             ))  # fmt: skip
             return rec
-    key = (name, length)
+    key = (name, fit)
     if key not in meta_cache:
         meta_cache[key] = _meta_model(name, overrides)
     meta = meta_cache[key]
@@ -516,13 +814,23 @@ def _measure(c, common, env, limit, limit_why, meta_cache, timeout) -> dict[str,
     if ref is None and part == "attention" and meta is not None and not _has_attention_part(meta):
         rec.update(status="skipped", reason=f"{type(meta).__name__} exposes no attention_part")
         return rec
+    if ref is None and decoding and meta is not None and not is_encoder_decoder(meta):
+        rec.update(status="skipped", reason=(
+            f"{type(meta).__name__} is not an encoder-decoder model (--part decoding needs "
+            "encode, init_decoding_state, decode_step and reorder_decoding_state)"
+        ))  # fmt: skip
+        return rec
     dt = DTYPES[common["dtype"]]
+    est_part, est_len, est_batch = (
+        ("model", fit, common["beam"]) if decoding else (part, length, batch)
+    )
     if ref is not None and ref.estimate_bytes is not None:
         spec = CellSpec(name=name, config=config, part=part, seq_len=length, batch=batch,
-                        device=torch.device("meta"), dtype=dt)  # fmt: skip
+                        device=torch.device("meta"), dtype=dt, beam=common["beam"],
+                        steps=c.get("steps"))  # fmt: skip
         est = ref.estimate_bytes(spec)
     else:
-        est = estimate_cell_bytes(config, part, length, batch, dt, params)
+        est = estimate_cell_bytes(config, est_part, est_len, est_batch, dt, params)
     rec["est_mib"] = est / 2**20
     if limit is not None and rec["est_mib"] > limit:
         rec.update(status="skipped", reason=(
@@ -531,9 +839,11 @@ def _measure(c, common, env, limit, limit_why, meta_cache, timeout) -> dict[str,
         return rec
     cell = dict(
         common,
+        batch=batch,
         name=name,
         part=part,
         seq_len=length,
+        steps=c.get("steps"),
         set=c["set"],
         reference=None if ref is None else [ref.name, ref.target],
         reference_module=None if ref is None else ref.module,
@@ -543,11 +853,13 @@ def _measure(c, common, env, limit, limit_why, meta_cache, timeout) -> dict[str,
         rec.update(status="skipped", reason=result["error"])
         return rec
     rec.update(result)
-    peak = env.get("peak_tflops")
-    for tag, flops, ms in (("fwd", rec["flops_fwd"], rec["fwd_ms"]),
-                           ("fwd_bwd", rec["flops_fwd_bwd"], rec["fwd_bwd_ms"])):  # fmt: skip
-        tflops = flops / (ms / 1e3) / 1e12 if ms and ms > 0 else None
-        rec[f"tflops_{tag}"] = tflops
-        mfu = tflops / peak if tflops is not None and peak else None
-        rec["mfu_fwd" if tag == "fwd" else "mfu"] = mfu
+    if decoding:
+        rec["total_spread"] = sample_spread(rec.get("total_ms_samples"), trimmed=True)
+        spreads = [rec["total_spread"]]
+    else:
+        rec["fwd_spread"] = sample_spread(rec.get("fwd_ms_samples"))
+        rec["fwd_bwd_spread"] = sample_spread(rec.get("fwd_bwd_ms_samples"))
+        spreads = [rec["fwd_spread"], rec["fwd_bwd_spread"]]
+    rec["noisy"] = any(x is not None and x > NOISY_SPREAD for x in spreads)
+    _rates(rec, env.get("peak_tflops"))
     return rec

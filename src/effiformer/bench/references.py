@@ -37,6 +37,15 @@ And one that needs the ``reference`` extra (``transformers``):
 
 - ``hf-funnel`` (funnel, ``--part model``): HF transformers' ``FunnelForMaskedLM`` at the same
   config (translated by :mod:`effiformer.interop.hf_funnel`).
+- ``hf-marian`` (seq2seq, ``--part decoding``): HF transformers' ``MarianMTModel`` at the same
+  dimensions (:func:`hf_marian`), randomly initialised, ``generate`` with beam ``beam`` and
+  exactly ``steps`` new tokens (``min_new_tokens = max_new_tokens``), its KV caches on: the
+  whole translation beside our encoder + beam search.
+
+The mechanisms' own reference modules (``sparse_references``, ``routing_references``,
+``adaptive_span_references``, ``reformer_references``) are imported by
+:mod:`effiformer.bench` itself (:data:`effiformer.bench.BUILTIN_REFERENCE_MODULES`), so their
+rows need no ``--plugin``.
 """
 
 from __future__ import annotations
@@ -53,6 +62,7 @@ from ..config import ModelConfig
 
 __all__ = [
     "PARTS",
+    "TRAINING_PARTS",
     "CellSpec",
     "Workload",
     "Reference",
@@ -60,16 +70,22 @@ __all__ = [
     "list_references",
     "references_for",
     "missing_requirements",
+    "hf_marian",
 ]
 
-PARTS = ("model", "attention")
+PARTS = ("model", "attention", "decoding")
+#: The parts timed forward and forward+backward (``--part both``); ``decoding`` is timed as
+#: whole translations (encoder-decoder models, :mod:`effiformer.bench.decoding`).
+TRAINING_PARTS = ("model", "attention")
 
 
 @dataclass(frozen=True)
 class CellSpec:
     """What one cell measures. ``config`` is the model's config with every override applied
     (``--set`` items, ``seq_len >= seq_len``, dropout 0), ``name`` the registered model name the
-    cell belongs to (for a reference: the model it stands beside)."""
+    cell belongs to (for a reference: the model it stands beside). For ``part="decoding"``:
+    ``seq_len`` is the source length, ``batch`` 1, ``beam`` the beam size and ``steps`` the
+    number of decoder steps every translation runs."""
 
     name: str
     config: ModelConfig
@@ -78,6 +94,8 @@ class CellSpec:
     batch: int
     device: torch.device
     dtype: torch.dtype
+    beam: int = 1
+    steps: int | None = None
 
     @property
     def family(self) -> str:
@@ -94,12 +112,18 @@ class Workload:
     module: the module whose parameters are counted (``params`` = parameters that receive a
         gradient in the step) and whose gradients are reset (to ``None``) before each step.
     inputs: leaf tensors requiring grad (inputs), their gradients reset before each step too.
+    info: JSON-able facts about the workload copied into the cell's record (the model row of a
+        memory model records ``model_state`` and ``memory_lens`` here).
+
+    For ``part="decoding"`` ``forward`` runs one whole translation (its output is ignored) and
+    is timed under ``torch.inference_mode``, never differentiated.
     """
 
     forward: Callable[[], Tensor]
     loss: Callable[[Tensor], Tensor] | None = None
     module: nn.Module | None = None
     inputs: Sequence[Tensor] = field(default_factory=tuple)
+    info: dict = field(default_factory=dict)
 
     def step_loss(self, out: Tensor) -> Tensor:
         if self.loss is not None:
@@ -351,6 +375,58 @@ def _torch_nn_reference(spec: CellSpec) -> Workload:
     return Workload(forward=lambda: model(ids, pos, mask), module=model)
 
 
+def hf_marian(cfg: ModelConfig):
+    """A randomly initialised HF ``MarianMTModel`` (eval mode) at the dimensions of a seq2seq
+    config: layers, width, heads, FFN, ReLU, scaled tied embeddings, sinusoidal positions,
+    the config's pad/EOS/BOS ids, dropout 0. Needs ``transformers``."""
+    from transformers import MarianConfig, MarianMTModel
+
+    hf = MarianConfig(
+        vocab_size=cfg.vocab_size,
+        d_model=cfg.dim,
+        encoder_layers=cfg.n_layers,
+        decoder_layers=cfg.decoder_layers,
+        encoder_attention_heads=cfg.n_heads,
+        decoder_attention_heads=cfg.n_heads,
+        encoder_ffn_dim=cfg.ffn_dim,
+        decoder_ffn_dim=cfg.ffn_dim,
+        activation_function="relu",
+        max_position_embeddings=cfg.seq_len,
+        scale_embedding=True,
+        pad_token_id=cfg.pad_id,
+        eos_token_id=cfg.eos_id,
+        decoder_start_token_id=cfg.bos_id,
+        forced_eos_token_id=None,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=True,
+    )
+    return MarianMTModel(hf).eval()
+
+
+def _hf_marian_reference(spec: CellSpec) -> Workload:
+    c = spec.config
+    model = hf_marian(c).to(device=spec.device, dtype=spec.dtype)
+    steps = spec.seq_len if spec.steps is None else spec.steps
+    g = torch.Generator().manual_seed(0)
+    specials = max(c.pad_id, c.bos_id, c.eos_id) + 1
+    src = torch.randint(specials, c.vocab_size, (1, spec.seq_len), generator=g)  # (1, S)
+    src[0, -1] = c.eos_id
+    src = src.to(spec.device)
+    attention_mask = torch.ones_like(src)
+
+    def forward() -> Tensor:
+        return model.generate(
+            input_ids=src, attention_mask=attention_mask, num_beams=spec.beam,
+            min_new_tokens=steps, max_new_tokens=steps, do_sample=False, early_stopping=True,
+            use_cache=True,
+        )  # fmt: skip
+
+    return Workload(forward=forward, module=model)
+
+
 register_reference(
     "*",
     _sdpa_reference,
@@ -381,4 +457,12 @@ register_reference(
     parts=("model",),
     requires=("transformers",),
     description="HF transformers FunnelForMaskedLM at the same config",
+)
+register_reference(
+    "seq2seq",
+    _hf_marian_reference,
+    name="hf-marian",
+    parts=("decoding",),
+    requires=("transformers",),
+    description="HF transformers MarianMTModel.generate at the same dims, same beam and steps",
 )

@@ -7,7 +7,11 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from ..flops import format_mult_adds
 from .references import list_references, missing_requirements
+
+#: A cell whose timing samples spread more than this ((max - min) / median) is flagged noisy.
+NOISY_SPREAD = 0.2
 
 __all__ = ["row_labels", "baselines", "format_table", "format_references", "plot_results"]
 
@@ -51,29 +55,64 @@ def _ratio(v: float | None, base: float | None) -> str:
     return f"{v / base:.2f}"
 
 
+def _targets(targets: list[str]) -> str:
+    """``routing-*`` for targets that are exactly the registered names of that glob."""
+    if len(targets) > 2:
+        from ..registry import list_models
+
+        prefix = os.path.commonprefix(targets)
+        prefix = prefix[: prefix.rfind("-") + 1]
+        if prefix and sorted(list_models(prefix + "*")) == sorted(targets):
+            return prefix + "*"
+    return ", ".join(targets)
+
+
 def format_references() -> str:
-    """One line per registered reference: name, target, parts, availability, description."""
-    lines = []
+    """One line per registered reference (references registered under one name for several
+    targets share a line): name, targets, parts, availability, description."""
+    groups: dict[tuple, list[str]] = {}
     for r in list_references():
         missing = missing_requirements(r)
         avail = "available" if not missing else f"needs {', '.join(missing)}"
-        lines.append(
-            f"{r.name:<14} beside {r.target:<12} parts={','.join(r.parts):<16} {avail:<12} "
-            f"{r.description}".rstrip()
-        )
-    return "\n".join(lines)
+        groups.setdefault((r.name, r.parts, avail, r.description), []).append(r.target)
+    rows = [
+        (name, _targets(targets), ",".join(parts), avail, desc)
+        for (name, parts, avail, desc), targets in groups.items()
+    ]
+    w = [max(len(row[i]) for row in rows) for i in range(4)] if rows else [0] * 4
+    return "\n".join(
+        f"{n:<{w[0]}}  beside {t:<{w[1]}}  parts={p:<{w[2]}}  {a:<{w[3]}}  {d}".rstrip()
+        for n, t, p, a, d in rows
+    )
 
 
-def format_table(records: Sequence[Record]) -> str:
-    """Plain aligned table: one row per cell, grouped by part and length; ``x`` columns are ratios
-    against the row's baseline (see :func:`baselines`)."""
-    if not records:
-        return "(no cells)"
-    labels = row_labels(records)
-    base = baselines(records)
-    part_order = {p: i for i, p in enumerate(dict.fromkeys(r["part"] for r in records))}
-    order = sorted(
-        range(len(records)),
+def _note(r: Record) -> str:
+    if r["status"] != "ok":
+        return f"skipped: {r.get('reason', '')}"
+    if not r.get("noisy"):
+        return ""
+    keys = ("total_spread",) if r["part"] == "decoding" else ("fwd_spread", "fwd_bwd_spread")
+    worst = max((r.get(k) or 0.0) for k in keys)
+    return f"noisy: samples spread {100 * worst:.0f}% (> {100 * NOISY_SPREAD:.0f}%)"
+
+
+def _align(rows: list[list[str]], numeric: set[int]) -> list[str]:
+    n = len(rows[0]) - 1  # the last column (note) is free text
+    widths = [max(len(row[c]) for row in rows) for c in range(n)]
+    lines = []
+    for row in rows:
+        cells = [
+            row[c].rjust(widths[c]) if c in numeric else row[c].ljust(widths[c]) for c in range(n)
+        ]
+        lines.append(("  ".join(cells) + "  " + row[-1]).rstrip())
+    lines.insert(1, "-" * max(len(line) for line in lines))
+    return lines
+
+
+def _order(records: Sequence[Record], idx: list[int]) -> list[int]:
+    part_order = {p: i for i, p in enumerate(dict.fromkeys(records[i]["part"] for i in idx))}
+    return sorted(
+        idx,
         key=lambda i: (
             part_order[records[i]["part"]],
             records[i]["seq_len"],
@@ -81,50 +120,90 @@ def format_table(records: Sequence[Record]) -> str:
             i,
         ),
     )
-    header = [
-        "part", "name", "T", "B", "fwd ms", "x", "fwd+bwd ms", "x", "peak MiB", "x",
-        "GFLOP f+b", "MFU %", "params", "note",
-    ]  # fmt: skip
-    rows = [header]
-    for i in order:
-        r = records[i]
-        b = records[base[i]] if base[i] is not None else None
-        ok = r["status"] == "ok"
-        mfu = r.get("mfu")
-        rows.append([
-            r["part"], labels[i], str(r["seq_len"]), str(r["batch"]),
-            _num(r.get("fwd_ms"), ".2f"), _ratio(r.get("fwd_ms"), b and b.get("fwd_ms")),
-            _num(r.get("fwd_bwd_ms"), ".2f"),
-            _ratio(r.get("fwd_bwd_ms"), b and b.get("fwd_bwd_ms")),
-            _num(r.get("peak_mib"), ".1f"), _ratio(r.get("peak_mib"), b and b.get("peak_mib")),
-            _num(None if r.get("flops_fwd_bwd") is None else r["flops_fwd_bwd"] / 1e9, ".2f"),
-            _num(None if mfu is None else 100 * mfu, ".1f"),
-            "-" if r.get("params") is None else f"{r['params']:,}",
-            "" if ok else f"skipped: {r.get('reason', '')}",
-        ])  # fmt: skip
-    numeric = {2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}
-    widths = [max(len(row[c]) for row in rows) for c in range(len(header) - 1)]
-    lines = []
-    for row in rows:
-        cells = [
-            row[c].rjust(widths[c]) if c in numeric else row[c].ljust(widths[c])
-            for c in range(len(header) - 1)
-        ]
-        lines.append(("  ".join(cells) + "  " + row[-1]).rstrip())
-    lines.insert(1, "-" * max(len(line) for line in lines))
-    lines.append(
-        "x: ratio to the baseline of the same part, length and model (sdpa when it ran, else the "
-        "first row).\nMFU: fwd+bwd FLOPs / time / measured matmul peak; causal attention is "
-        "counted in full (T x T, as PyTorch's FlopCounterMode and PaLM-style MFU count it), so a "
-        "causal kernel that skips masked blocks can exceed 100%."
-    )
-    return "\n".join(lines)
+
+
+def format_table(records: Sequence[Record]) -> str:
+    """Plain aligned table: one row per cell, grouped by part and length; ``x`` columns are ratios
+    against the row's baseline (see :func:`baselines`). Decoding cells (``--part decoding``)
+    get a table of their own (encoder, decoder and total ms per sentence)."""
+    if not records:
+        return "(no cells)"
+    labels = row_labels(records)
+    base = baselines(records)
+    training = [i for i, r in enumerate(records) if r["part"] != "decoding"]
+    decoding = [i for i, r in enumerate(records) if r["part"] == "decoding"]
+    out: list[str] = []
+    if training:
+        madds = any(records[i].get("mult_adds") is not None for i in training)
+        header = [
+            "part", "name", "T", "B", "fwd ms", "x", "fwd+bwd ms", "x", "peak MiB", "x",
+            "GFLOP f+b", "MFU %", "params", *(["Mult-Adds"] if madds else []), "note",
+        ]  # fmt: skip
+        rows = [header]
+        for i in _order(records, training):
+            r = records[i]
+            b = records[base[i]] if base[i] is not None else None
+            mfu = r.get("mfu")
+            rows.append([
+                r["part"], labels[i], str(r["seq_len"]), str(r["batch"]),
+                _num(r.get("fwd_ms"), ".2f"), _ratio(r.get("fwd_ms"), b and b.get("fwd_ms")),
+                _num(r.get("fwd_bwd_ms"), ".2f"),
+                _ratio(r.get("fwd_bwd_ms"), b and b.get("fwd_bwd_ms")),
+                _num(r.get("peak_mib"), ".1f"), _ratio(r.get("peak_mib"), b and b.get("peak_mib")),
+                _num(None if r.get("flops_fwd_bwd") is None else r["flops_fwd_bwd"] / 1e9, ".2f"),
+                _num(None if mfu is None else 100 * mfu, ".1f"),
+                "-" if r.get("params") is None else f"{r['params']:,}",
+                *([format_mult_adds(r.get("mult_adds"))] if madds else []),
+                _note(r),
+            ])  # fmt: skip
+        out += _align(rows, set(range(2, 14 if madds else 13)))
+        out.append(
+            "x: ratio to the baseline of the same part, length and model (sdpa when it ran, else "
+            "the first row).\nMFU: fwd+bwd FLOPs / time / the machine's peak (the fastest square "
+            "matmul measured at the start, or the fastest cell when one beat it); a causal SDPA "
+            "call is counted as the (query, key) pairs it computes (about half of T x T)."
+        )
+    if decoding:
+        if out:
+            out.append("")
+        header = [
+            "part", "name", "src", "beam", "steps", "encoder ms", "decoder ms", "total ms", "x",
+            "GFLOP", "params", "Mult-Adds", "note",
+        ]  # fmt: skip
+        rows = [header]
+        for i in _order(records, decoding):
+            r = records[i]
+            b = records[base[i]] if base[i] is not None else None
+            flops = r.get("flops_decoding")
+            rows.append([
+                r["part"], labels[i], str(r["seq_len"]), _num(r.get("beam"), "d"),
+                _num(r.get("steps"), "d"), _num(r.get("encoder_ms"), ".2f"),
+                _num(r.get("decoder_ms"), ".2f"), _num(r.get("total_ms"), ".2f"),
+                _ratio(r.get("total_ms"), b and b.get("total_ms")),
+                _num(None if flops is None else flops / 1e9, ".3f"),
+                "-" if r.get("params") is None else f"{r['params']:,}",
+                format_mult_adds(r.get("mult_adds")),
+                _note(r),
+            ])  # fmt: skip
+        out += _align(rows, set(range(2, 12)))
+        out.append(
+            "decoding: one sentence of `src` tokens, batch 1, beam search for exactly `steps` "
+            "decoder steps, ms per sentence (10-90 % trimmed mean of the timed runs, HAT's "
+            "measurement); x: ratio to the first row of the same length and model; GFLOP: one "
+            "whole translation, all beams (FlopCounterMode); Mult-Adds: the analytic count of one "
+            "teacher-forced pass over src source and steps target tokens (effiformer.flops, "
+            "the papers' convention)."
+        )
+    return "\n".join(out)
 
 
 def plot_results(records: Sequence[Record], path: str | os.PathLike) -> bool:
     """Draw forward+backward time (solid; forward dashed) and peak memory against length, log-log,
-    one line per row label and part, into ``path`` (PNG, matplotlib Agg). Returns False when no
-    cell ran (no file is written)."""
+    one line per row label and part, into ``path`` (PNG, matplotlib Agg). Decoding cells are
+    not drawn (the table has them). Returns False when no cell is drawn (no file is written)."""
+    records = [r for r in records if r.get("part") != "decoding"]
+    if not any(r["status"] == "ok" for r in records):
+        return False
     import matplotlib
 
     matplotlib.use("Agg", force=True)

@@ -1,34 +1,53 @@
-"""``effiformer bench``: parse, call :func:`effiformer.bench.run_bench`, print the table."""
+"""``effiformer bench``: parse, call :func:`effiformer.bench.run_bench`, print the table.
+
+Ctrl-C prints one line, keeps the finished cells in ``OUT/results.jsonl`` and exits 130."""
 
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
 
 import torch
 
 from ..bench import (
+    DECODING_RUNS,
+    DECODING_WARMUP,
     DEFAULT_LENGTHS,
     DEFAULT_NAMES,
+    DEFAULT_REPEATS,
+    DEFAULT_WARMUP,
     DTYPES,
     MEMORY_METHODS,
-    PARTS,
+    NOISY_SPREAD,
+    TRAINING_PARTS,
+    BenchInterrupted,
     format_references,
     load_plugin,
     run_bench,
 )
 
-EPILOG = """examples:
-  effiformer bench
+#: Measured wall time of the default set (``effiformer bench``), see benchmarks/README.md.
+DEFAULT_SET_TIME = "about 90 s on 2 idle CPU cores"
+
+EPILOG = f"""examples:
+  effiformer bench                      # the default set: {DEFAULT_SET_TIME}
   effiformer bench 'vanilla-*' --lengths 256 1024 4096 --batch 1 --part attention
-  effiformer bench vanilla-small --set n_layers=2 --out bench-out
-  effiformer bench --list-refs"""
+  effiformer bench vanilla-small --set n_layers=2 --out bench-out --force
+  effiformer bench routing-small --part attention --set attention.window=64 --lengths 1024
+  effiformer bench transformer-base --part decoding --src-len 30 --beam 5
+  effiformer bench --list-refs
+
+An --out folder that already holds results is refused: --append adds to them, --force
+replaces them. Ctrl-C stops the run and keeps the finished cells (exit 130)."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "bench",
         help="time and memory of models or attention layers against sequence length",
-        description="Benchmark registered models (or one attention layer of each) across lengths.",
+        description="Benchmark registered models (or one attention layer of each) across "
+        "lengths, or the decoding latency of encoder-decoder models (--part decoding).",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -69,23 +88,41 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "names", nargs="*", metavar="NAME",
         help="registered names or globs (default set: "
-        f"{' '.join(DEFAULT_NAMES)}, --part both, the default lengths, --refs sdpa)",
+        f"{' '.join(DEFAULT_NAMES)}, --part both, the default lengths, --refs sdpa; "
+        f"{DEFAULT_SET_TIME})",
     )  # fmt: skip
     p.add_argument(
-        "--lengths", nargs="+", type=_positive_int, default=list(DEFAULT_LENGTHS), metavar="T",
+        "--lengths", nargs="+", type=_positive_int, default=None, metavar="T",
         help=f"sequence lengths (default: {' '.join(map(str, DEFAULT_LENGTHS))})",
     )  # fmt: skip
     p.add_argument("--batch", type=_positive_int, default=1, help="batch size (default: 1)")
     p.add_argument(
-        "--part", choices=["model", "attention", "both"], default=None,
-        help="whole model, one attention layer (model.attention_part), or both "
+        "--part", choices=["model", "attention", "both", "decoding"], default=None,
+        help="whole model, one attention layer (model.attention_part), both, or decoding "
+        "(encoder-decoder models: translate one sentence with beam search, HAT's latency) "
         "(default: model when names are given, both for the default set)",
+    )  # fmt: skip
+    p.add_argument(
+        "--src-len", dest="src_lens", nargs="+", type=_positive_int, default=None, metavar="N",
+        help="--part decoding: source lengths in tokens (default: 30)",
+    )  # fmt: skip
+    p.add_argument(
+        "--beam", type=_positive_int, default=None, help="--part decoding: beam size (default: 5)"
+    )
+    p.add_argument(
+        "--steps", type=_positive_int, default=None,
+        help="--part decoding: decoder steps per sentence (default: the source length)",
     )  # fmt: skip
     p.add_argument(
         "--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
         help="config overrides for every name, e.g. --set n_layers=2 dim=128",
     )  # fmt: skip
     p.add_argument("--out", default="bench-out", help="output folder (default: bench-out)")
+    p.add_argument(
+        "--append", action="store_true",
+        help="add this run's cells to the results already in --out",
+    )  # fmt: skip
+    p.add_argument("--force", action="store_true", help="replace the results already in --out")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="default: cpu")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32", help="default: float32")
     p.add_argument(
@@ -93,11 +130,14 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"intra-op threads per cell (default: torch's, here {torch.get_num_threads()})",
     )  # fmt: skip
     p.add_argument(
-        "--repeats", type=_positive_int, default=5, help="timed runs (median; default 5)"
-    )
+        "--repeats", type=_positive_int, default=None,
+        help=f"timed runs (median; default {DEFAULT_REPEATS}; --part decoding: {DECODING_RUNS}, "
+        "trimmed mean)",
+    )  # fmt: skip
     p.add_argument(
-        "--warmup", type=_nonneg_int, default=1,
-        help="plain warm-up runs after the two FLOP-counting passes (default: 1)",
+        "--warmup", type=_nonneg_int, default=None,
+        help=f"plain warm-up runs after the two FLOP-counting passes (default: {DEFAULT_WARMUP}; "
+        f"--part decoding: {DECODING_WARMUP})",
     )  # fmt: skip
     p.add_argument(
         "--refs", nargs="+", default=None, metavar="PATTERN",
@@ -127,6 +167,34 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-plot", action="store_true", help="do not draw bench.png")
 
 
+def _check_part_flags(args: argparse.Namespace) -> str | None:
+    decoding = args.part == "decoding"
+    if decoding and args.lengths is not None:
+        return "--lengths does not apply to --part decoding; give the source lengths with --src-len"
+    if decoding and args.batch != 1:
+        return "--part decoding translates one sentence at a time (HAT's setting); drop --batch"
+    if not decoding:
+        given = [f for f, v in (("--src-len", args.src_lens), ("--beam", args.beam),
+                                ("--steps", args.steps)) if v is not None]  # fmt: skip
+        if given:
+            return f"{', '.join(given)} only apply to --part decoding"
+    return None
+
+
+def _interrupted(e: BenchInterrupted | None, out: str) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C cannot break the message
+    if e is None:
+        print("\neffiformer bench: interrupted before any cell finished", file=sys.stderr)
+    else:
+        n = len(e.result.records)
+        print(
+            f"\neffiformer bench: interrupted after {n} of {e.total} cells; the finished cells "
+            f"are in {e.result.results_path} (rerun with --append to add the rest)",
+            file=sys.stderr,
+        )
+    return 130
+
+
 def run(args: argparse.Namespace) -> int:
     """``effiformer bench``: run, print the table, say where the files are."""
     if args.list_refs:
@@ -134,41 +202,79 @@ def run(args: argparse.Namespace) -> int:
             load_plugin(plugin)
         print(format_references())
         return 0
-    parts = None if args.part is None else (PARTS if args.part == "both" else (args.part,))
-    result = run_bench(
-        args.names,
-        lengths=args.lengths,
-        batch=args.batch,
-        parts=parts,
-        overrides=args.overrides,
-        device=args.device,
-        dtype=args.dtype,
-        threads=args.threads,
-        repeats=args.repeats,
-        warmup=args.warmup,
-        out=args.out,
-        refs=args.refs,
-        refs_only=args.refs_only,
-        plugins=args.plugins,
-        max_memory_mib=args.max_memory_mib,
-        memory_method=args.memory_method,
-        cell_timeout=args.cell_timeout,
-        progress=not args.no_progress,
-        plot=not args.no_plot,
-    )
+    problem = _check_part_flags(args)
+    if problem:
+        raise ValueError(problem)
+    parts = None
+    if args.part is not None:
+        parts = TRAINING_PARTS if args.part == "both" else (args.part,)
+    kwargs = {}
+    if args.src_lens is not None:
+        kwargs["src_lens"] = args.src_lens
+    if args.beam is not None:
+        kwargs["beam"] = args.beam
+    try:
+        result = run_bench(
+            args.names,
+            lengths=DEFAULT_LENGTHS if args.lengths is None else args.lengths,
+            batch=args.batch,
+            parts=parts,
+            overrides=args.overrides,
+            device=args.device,
+            dtype=args.dtype,
+            threads=args.threads,
+            repeats=args.repeats,
+            warmup=args.warmup,
+            out=args.out,
+            append=args.append,
+            force=args.force,
+            refs=args.refs,
+            refs_only=args.refs_only,
+            plugins=args.plugins,
+            max_memory_mib=args.max_memory_mib,
+            memory_method=args.memory_method,
+            cell_timeout=args.cell_timeout,
+            progress=not args.no_progress,
+            plot=not args.no_plot,
+            steps=args.steps,
+            **kwargs,
+        )
+    except BenchInterrupted as e:
+        return _interrupted(e, args.out)
+    except KeyboardInterrupt:
+        return _interrupted(None, args.out)
     env = result.env
     peak = env.get("peak_tflops")
-    print(
-        f"# torch {env['torch']} on {env['device_name']} ({env['device']}), {env['threads']} "
-        f"threads, {env['dtype']}, matmul peak {peak:.3f} TFLOP/s, git {env['git_sha']}"
-        if peak is not None
-        else f"# torch {env['torch']} on {env['device_name']}"
-    )
+    load = env.get("loadavg")
+    head = f"# torch {env['torch']} on {env['device_name']} ({env['device']}), {env['threads']} "
+    head += f"threads, {env['dtype']}"
+    if peak is not None:
+        head += f", peak {peak:.3f} TFLOP/s"
+        if env.get("peak_source") not in (None, "matmul"):
+            head += f" ({env['peak_source']})"
+    if load:
+        head += f", load average {load[0]:.2f} before the run"
+    head += f", git {env['git_sha']}"
+    print(head)
     print(result.table)
     n_skipped = sum(r["status"] != "ok" for r in result.records)
+    n_noisy = sum(bool(r.get("noisy")) for r in result.records)
     print(
         f"\nwrote {result.results_path}" + (f" and {result.plot_path}" if result.plot_path else "")
     )
     if n_skipped:
         print(f"{n_skipped} of {len(result.records)} cells skipped (see the note column)")
+    cores = env.get("cpu_count") or 0
+    if load and env["device"] == "cpu" and load[0] > max(0.5, cores - env["threads"]):
+        print(
+            f"the 1-minute load average was {load[0]:.2f} on {cores} cores before the run "
+            f"({env['threads']} threads per cell): other processes were running, so every time "
+            "above may be inflated"
+        )
+    if n_noisy:
+        print(
+            f"{n_noisy} of {len(result.records)} cells are noisy (timing samples spread over "
+            f"{100 * NOISY_SPREAD:.0f}%): something else was probably running; their times are "
+            "not to be trusted (rerun on a quiet machine, or with --threads 1)"
+        )
     return 0
