@@ -4,7 +4,7 @@ Each mechanism file registers itself (:func:`~effiformer.attention.registry.regi
 when imported from the explicit list below.
 """
 
-from . import dense, funnel_relative, local, relative_xl  # noqa: F401  (registration)
+from . import dense, funnel_relative, local, lsh, pattern, relative_xl  # noqa: F401  (registration)
 from .base import (
     AttentionConfig,
     AttentionDims,
