@@ -304,9 +304,7 @@ class AttentionPart(nn.Module):
         return config
 
     @classmethod
-    def exactly_causal_config(
-        cls, config: AttentionConfig, seq_len: int
-    ) -> AttentionConfig | None:
+    def exactly_causal_config(cls, config: AttentionConfig, seq_len: int) -> AttentionConfig | None:
         """A config under which a causal layer's outputs before position ``t`` are exactly
         unchanged by tokens at ``t`` and later (what the contract's causality test runs).
         Default: ``config``. ``None`` for a mechanism that is causal in its attention weights

@@ -148,7 +148,9 @@ class LSHConfig(AttentionConfig):
             if (
                 not isinstance(factors, tuple)
                 or not factors
-                or any(isinstance(f, bool) or not isinstance(f, int) or f < 2 or f % 2 for f in factors)
+                or any(
+                    isinstance(f, bool) or not isinstance(f, int) or f < 2 or f % 2 for f in factors
+                )
             ):
                 raise ConfigError(
                     "attention.n_buckets must be None, an even int >= 2 or a tuple of even ints "

@@ -70,6 +70,4 @@ class TransformerBlock(nn.Module):
             x = self.norm1(x + self.drop(a.out))
             x = self.norm2(x + self.drop(self.ffn(x)))
         updates = {f"attn.{k}": v for k, v in a.updates.items()}
-        return AttentionOutput(
-            out=x, state=a.state, aux=a.aux, updates=updates, replay=a.replay
-        )
+        return AttentionOutput(out=x, state=a.state, aux=a.aux, updates=updates, replay=a.replay)
