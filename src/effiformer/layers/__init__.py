@@ -2,12 +2,21 @@
 layer stack and its memory policies."""
 
 from .block import TransformerBlock
+from .chunked import ChunkedFeedForward, chunked_lm_loss
 from .ffn import FeedForward
 from .memory import FIFOMemory, MemoryPolicy
-from .positions import LearnedPositions, SinusoidalPositions, build_positions, sinusoid_table
+from .positions import (
+    AxialPositions,
+    LearnedPositions,
+    SinusoidalPositions,
+    build_positions,
+    sinusoid_table,
+)
 from .stack import LayerCall, LayerStack, StackOutput, prefix_keys
 
 __all__ = [
+    "AxialPositions",
+    "ChunkedFeedForward",
     "FIFOMemory",
     "FeedForward",
     "LayerCall",
@@ -18,6 +27,7 @@ __all__ = [
     "StackOutput",
     "TransformerBlock",
     "build_positions",
+    "chunked_lm_loss",
     "prefix_keys",
     "sinusoid_table",
 ]
