@@ -106,7 +106,10 @@ def test_config_validation():
     with pytest.raises(ConfigError, match="ffn_chunk"):
         ReformerConfig(ffn_chunk=0)
     c = ReformerConfig(seq_len=1000, dim=64)
-    assert c.axial_shape[0] * c.axial_shape[1] >= 1000 and sum(c.axial_dims) == 64
+    (n1, n2), dims = c.axial
+    assert n1 * n2 >= 1000 and sum(dims) == 64 and c.axial_shape is None
+    longer = get_config("reformer-tiny", seq_len=4096)  # the derived shape follows seq_len
+    assert longer.axial[0][0] * longer.axial[0][1] >= 4096
 
 
 def test_padding_mask_and_eval_forward():

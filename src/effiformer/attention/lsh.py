@@ -344,7 +344,7 @@ def _group(lay: _Layout, s0: int, s1: int) -> _Group:
     g, nc, c, t = s1 - s0, lay.n_chunks, lay.chunk, lay.length
     rows = lay.q_rows[s0:s1]
     rows_ext = rows.view(g, nc, c)[:, lay.ext_chunks()].reshape(g, -1)
-    kpos_ext = rows_ext % t
+    kpos_ext = (rows_ext % t).to(torch.int32)  # int32: halves the masks' (c, W) comparisons
     kreal_ext = None
     if lay.real is not None:
         kreal_ext = lay.real.reshape(-1)[rows_ext]
@@ -378,7 +378,7 @@ def _bias(lay: _Layout, gr: _Group, a: int, b: int, dtype: torch.dtype) -> Tenso
     """Additive mask (g, b-a, c, W) of chunks a .. b-1: -1e9 for later and padded keys, -1e5
     for the query's own position, minus log N_ij with the duplicate correction."""
     masked, own = _mask_values(dtype)
-    qp = _chunks(gr.qpos, lay, a, b)[..., None]  # (g, n, c, 1)
+    qp = _chunks(gr.qpos, lay, a, b).to(torch.int32)[..., None]  # (g, n, c, 1)
     kp = _win(gr.kpos_ext, a, b, lay.chunk, lay.window)[:, :, None, :]  # (g, n, 1, W)
     d = kp - qp  # (g, n, c, W)
     bias = torch.zeros(d.shape, dtype=dtype, device=d.device)

@@ -105,9 +105,7 @@ class ReformerConfig(ModelConfig):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ConfigError(f"{name} must be None or a positive integer, got {v!r}")
         if self.positions == "axial":
-            shape = self.axial_shape or default_axial_shape(self.seq_len)
-            dims = self.axial_dims or (self.dim // 4, self.dim - self.dim // 4)
-            shape, dims = tuple(shape), tuple(dims)
+            shape, dims = self.axial
             if len(shape) != 2 or any(n < 1 for n in shape):
                 raise ConfigError(f"axial_shape must be two positive ints, got {shape}")
             if shape[0] * shape[1] < self.seq_len:
@@ -119,10 +117,16 @@ class ReformerConfig(ModelConfig):
                 raise ConfigError(
                     f"axial_dims must be two positive ints summing to dim={self.dim}, got {dims}"
                 )
-            object.__setattr__(self, "axial_shape", shape)
-            object.__setattr__(self, "axial_dims", dims)
         elif self.axial_shape is not None or self.axial_dims is not None:
             raise ConfigError("axial_shape / axial_dims need positions='axial'")
+
+    @property
+    def axial(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The axial (shape, dims) in use: the fields, or their defaults derived from
+        ``seq_len`` and ``dim`` (derived, so changing ``seq_len`` re-derives the shape)."""
+        shape = self.axial_shape or default_axial_shape(self.seq_len)
+        dims = self.axial_dims or (self.dim // 4, self.dim - self.dim // 4)
+        return tuple(shape), tuple(dims)
 
 
 class ReformerLM(EffiModel):
@@ -138,12 +142,8 @@ class ReformerLM(EffiModel):
         self.config = c = config
         self.embed = nn.Embedding(c.vocab_size, c.dim)
         if c.positions == "axial":
-            self.pos: nn.Module = AxialPositions(
-                c.dim,
-                c.axial_shape,
-                c.axial_dims,
-                dropout=c.dropout,  # type: ignore[arg-type]
-            )
+            shape, dims = c.axial
+            self.pos: nn.Module = AxialPositions(c.dim, shape, dims, dropout=c.dropout)  # type: ignore[arg-type]
         else:
             self.pos = build_positions(c.positions, c.dim, c.seq_len)
         self.drop = nn.Dropout(c.dropout)
@@ -292,9 +292,10 @@ register_model(
     "reformer-small",
     ReformerConfig(
         dim=256, n_heads=4, n_layers=4, ffn_dim=1024, seq_len=256, dropout=0.1,
-        attention=LSHConfig(chunk_len=32, n_hashes=2),
+        attention=LSHConfig(chunk_len=64, n_hashes=4),
     ),
-    "4 reversible layers, d 256, 4 heads, ffn 1024 (vanilla-small's size), LSH chunk 32 x 2",
+    "4 reversible layers, d 256, 4 heads, ffn 1024 (vanilla-small's size), LSH chunk 64 x 4 "
+    "hashes (the bench shape)",
 )  # fmt: skip
 register_model(
     "reformer-enwik8",
