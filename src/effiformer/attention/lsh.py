@@ -205,17 +205,24 @@ def shared_qk_keys(q: Tensor, eps: float = 1e-6) -> Tensor:
 def hash_vectors(q: Tensor, rotations: Tensor, factors: tuple[int, ...]) -> Tensor:
     """Angular LSH buckets: q (B, H, L, Dh), rotations (H, Dh, n_hashes, sum(factors) // 2) ->
     (B, H, n_hashes, L) long in ``[0, prod(factors))``: per factor ``f``,
-    ``argmax([qR_f ; -qR_f])``, combined as ``h_1 + f_1 * h_2 + f_1 f_2 * h_3 ...``."""
-    rot = torch.einsum("bhtd,hdrk->bhrtk", q, rotations.to(q.dtype))  # (B, H, n_h, L, rot/2)
-    buckets = None
-    start, scale = 0, 1
-    for f in factors:
-        rv = rot[..., start : start + f // 2]
-        start += f // 2
-        h = torch.cat([rv, -rv], dim=-1).argmax(dim=-1)  # (B, H, n_h, L)
-        buckets = h if buckets is None else buckets + scale * h
-        scale *= f
-    return buckets
+    ``argmax([qR_f ; -qR_f])``, combined as ``h_1 + f_1 * h_2 + f_1 f_2 * h_3 ...``. One round
+    at a time, and the argmax over ``[x; -x]`` without building it (ties resolve as argmax
+    would: the first maximum)."""
+    rotations = rotations.to(q.dtype)
+    rounds = []
+    for r in range(rotations.shape[2]):
+        rot = torch.einsum("bhtd,hdk->bhtk", q, rotations[:, :, r])  # (B, H, L, rot/2)
+        buckets, start, scale = None, 0, 1
+        for f in factors:
+            rv = rot[..., start : start + f // 2]
+            start += f // 2
+            hi, hi_at = rv.max(dim=-1)
+            lo, lo_at = rv.min(dim=-1)
+            h = torch.where(hi >= -lo, hi_at, lo_at + f // 2)  # (B, H, L)
+            buckets = h if buckets is None else buckets + scale * h
+            scale *= f
+        rounds.append(buckets)
+    return torch.stack(rounds, dim=2)
 
 
 def sort_buckets(buckets: Tensor) -> tuple[Tensor, Tensor]:
@@ -251,8 +258,8 @@ def _fused_cpu_ops():
 
 
 _FUSED_CPU = _fused_cpu_ops()
-#: Elements of one sorted (streams, slots, Dh) tensor processed together (a group of streams).
-_GROUP_ELEMENTS = 1 << 22
+#: Slots (per stream x streams) whose sorted outputs are combined together (a group of streams).
+_GROUP_SLOTS = 1 << 16
 #: Elements of one block of (chunk queries x window keys) logits.
 _BLOCK_ELEMENTS = 1 << 21
 
@@ -273,14 +280,17 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 class _Layout:
     """Index tensors of one call, shared by the forward, the backward and the weights helper.
 
-    bh: B*H streams of ``length`` positions and ``n_hashes * length`` sorted slots each;
-    chunk / n_chunks: chunk length and chunks per stream; before / after: window chunks;
-    q_rows (BH, S): flat row (``stream * L + position``) of each slot; undo (BH, n_h, L): slot
-    (within its stream) of each (round, position); real (BH, L): key validity or ``None``;
-    locs (BH, L, n_h): chunk of each (position, round), for the duplicate count, or ``None``.
+    The inputs are flat rows in the projections' own order, row ``(b * L + position) * H + h``
+    (no transposing copies). bh: the B*H streams (stream ``b * H + h``), each of ``length``
+    positions and ``n_hashes * length`` sorted slots; chunk / n_chunks: chunk length and chunks
+    per stream; before / after: window chunks; q_rows (BH, S): flat row of each slot; undo
+    (BH, n_h, L): slot (within its stream) of each (round, position); stream_rows (BH, L): flat
+    row of each (stream, position); real (B*L,): key validity or ``None``; locs (rows, n_h):
+    chunk of each (row, round), for the duplicate count, or ``None``.
     """
 
     bh: int
+    heads: int
     length: int
     n_hashes: int
     chunk: int
@@ -290,6 +300,7 @@ class _Layout:
     causal: bool
     q_rows: Tensor
     undo: Tensor
+    stream_rows: Tensor
     real: Tensor | None
     locs: Tensor | None
 
@@ -305,13 +316,17 @@ class _Layout:
     def window(self) -> int:
         return self.width * self.chunk
 
+    def position(self, rows: Tensor) -> Tensor:
+        """Flat rows -> their positions."""
+        return (rows // self.heads) % self.length
+
     def ext_chunks(self) -> Tensor:
         """Chunk ids of the extended stream: the circular neighbours before and after."""
         ids = [n % self.n_chunks for n in range(-self.before, self.n_chunks + self.after)]
         return torch.tensor(ids, device=self.q_rows.device)
 
-    def groups(self, dh: int) -> Iterator[tuple[int, int]]:
-        step = max(1, _GROUP_ELEMENTS // (self.slots * dh))
+    def groups(self) -> Iterator[tuple[int, int]]:
+        step = max(1, _GROUP_SLOTS // self.slots)
         for s0 in range(0, self.bh, step):
             yield s0, min(self.bh, s0 + step)
 
@@ -326,46 +341,40 @@ class _Layout:
 
 @dataclass
 class _Group:
-    """One group of streams ``s0 .. s1 - 1``: its slot rows, the extended (circular) key rows and
-    the positions the masks compare."""
+    """Streams ``s0 .. s1 - 1``: their slot rows, the extended (circular) key rows, and the
+    positions the masks compare."""
 
     s0: int
     s1: int
     rows: Tensor  # (g, S) flat rows of the slots
     rows_ext: Tensor  # (g, (NC + before + after) * c) flat rows of the extended key stream
-    qpos: Tensor  # (g, S) query positions
-    kpos_ext: Tensor  # (g, ext) key positions; padded keys far in the future when causal
+    qpos: Tensor  # (g, S) int64 query positions
+    kpos_ext: Tensor  # (g, ext) int32 key positions; padded keys far in the future when causal
     kreal_ext: Tensor | None  # (g, ext) key validity (bidirectional models with padding)
-    loc_q: Tensor | None  # (g, S, n_h)
-    loc_k_ext: Tensor | None  # (g, ext, n_h)
 
 
 def _group(lay: _Layout, s0: int, s1: int) -> _Group:
     g, nc, c, t = s1 - s0, lay.n_chunks, lay.chunk, lay.length
     rows = lay.q_rows[s0:s1]
     rows_ext = rows.view(g, nc, c)[:, lay.ext_chunks()].reshape(g, -1)
-    kpos_ext = (rows_ext % t).to(torch.int32)  # int32: halves the masks' (c, W) comparisons
+    kpos_ext = lay.position(rows_ext).to(torch.int32)
     kreal_ext = None
     if lay.real is not None:
-        kreal_ext = lay.real.reshape(-1)[rows_ext]
+        kreal_ext = lay.real[rows_ext // lay.heads]
         if lay.causal:  # a padded key is masked like a later one
             kpos_ext = torch.where(kreal_ext, kpos_ext, torch.full_like(kpos_ext, 2 * t + 1))
             kreal_ext = None
-    loc_q = loc_k = None
-    if lay.locs is not None:
-        flat = lay.locs.reshape(-1, lay.n_hashes)
-        loc_q, loc_k = flat[rows], flat[rows_ext]
-    return _Group(s0, s1, rows, rows_ext, rows % t, kpos_ext, kreal_ext, loc_q, loc_k)
+    return _Group(s0, s1, rows, rows_ext, lay.position(rows), kpos_ext, kreal_ext)
 
 
-def _win(t_ext: Tensor, a: int, b: int, chunk: int, window: int) -> Tensor:
-    """Windows of chunks a .. b-1 as a strided view: t_ext (g, ext, ...) -> (g, b-a, W, ...)
-    (chunk n's window is rows ``n*c .. n*c + W - 1`` of the extended stream)."""
+def _win(t_ext: Tensor, n: int, chunk: int, window: int) -> Tensor:
+    """The windows of n chunks as a strided view: t_ext (g, (n + before + after) * c, ...) ->
+    (g, n, W, ...) (chunk j's window is rows ``j*c .. j*c + W - 1``)."""
     st = t_ext.stride()
     return t_ext.as_strided(
-        (t_ext.shape[0], b - a, window, *t_ext.shape[2:]),
+        (t_ext.shape[0], n, window, *t_ext.shape[2:]),
         (st[0], chunk * st[1], st[1], *st[2:]),
-        t_ext.storage_offset() + a * chunk * st[1],
+        t_ext.storage_offset(),
     )
 
 
@@ -374,24 +383,30 @@ def _chunks(t: Tensor, lay: _Layout, a: int, b: int) -> Tensor:
     return t.view(t.shape[0], lay.n_chunks, lay.chunk, *t.shape[2:])[:, a:b]
 
 
+def _ext(t: Tensor, lay: _Layout, a: int, b: int) -> Tensor:
+    """(g, ext, ...) -> the extended rows chunks a .. b-1 need: (g, (b-a+before+after)*c, ...)."""
+    return t[:, a * lay.chunk : (b + lay.before + lay.after) * lay.chunk]
+
+
 def _bias(lay: _Layout, gr: _Group, a: int, b: int, dtype: torch.dtype) -> Tensor:
     """Additive mask (g, b-a, c, W) of chunks a .. b-1: -1e9 for later and padded keys, -1e5
     for the query's own position, minus log N_ij with the duplicate correction."""
     masked, own = _mask_values(dtype)
+    n = b - a
     qp = _chunks(gr.qpos, lay, a, b).to(torch.int32)[..., None]  # (g, n, c, 1)
-    kp = _win(gr.kpos_ext, a, b, lay.chunk, lay.window)[:, :, None, :]  # (g, n, 1, W)
+    kp = _win(_ext(gr.kpos_ext, lay, a, b), n, lay.chunk, lay.window)[:, :, None, :]  # (g,n,1,W)
     d = kp - qp  # (g, n, c, W)
     bias = torch.zeros(d.shape, dtype=dtype, device=d.device)
     bias.masked_fill_(d == 0, -own)
     if lay.causal:
         bias.masked_fill_(d > 0, -masked)
     if gr.kreal_ext is not None:
-        kr = _win(gr.kreal_ext, a, b, lay.chunk, lay.window)[:, :, None, :]
+        kr = _win(_ext(gr.kreal_ext, lay, a, b), n, lay.chunk, lay.window)[:, :, None, :]
         bias.masked_fill_(~kr, -masked)
-    if gr.loc_q is not None:
+    if lay.locs is not None:
         # N_ij: how often key j lies in the windows of query i's copies, over all rounds.
-        lq = _chunks(gr.loc_q, lay, a, b)  # (g, n, c, n_h)
-        lk = _win(gr.loc_k_ext, a, b, lay.chunk, lay.window)  # (g, n, W, n_h)
+        lq = lay.locs[_chunks(gr.rows, lay, a, b)]  # (g, n, c, n_h)
+        lk = lay.locs[_win(_ext(gr.rows_ext, lay, a, b), n, lay.chunk, lay.window)]  # (g,n,W,nh)
         count = torch.zeros(d.shape, dtype=torch.int32, device=d.device)
         for o in range(-lay.before, lay.after + 1):
             seen = (lq + o) % lay.n_chunks  # (g, n, c, n_h): chunks query i sees at offset o
@@ -426,13 +441,24 @@ def _use_fused(q: Tensor, dropout_p: float, impl: str) -> bool:
     return ok
 
 
+def _block_inputs(lay, gr, a, b, q, k, v):
+    """Queries (g, n, c, Dh) and window keys / values (g, n, W, Dh, strided views over the
+    block's extended rows) of chunks a .. b-1, and the rows they came from."""
+    g, n, dh = gr.s1 - gr.s0, b - a, q.shape[-1]
+    qr = _chunks(gr.rows, lay, a, b)  # (g, n, c)
+    er = _ext(gr.rows_ext, lay, a, b)  # (g, (n + E) c)
+    qb = q[qr.reshape(-1)].view(g, n, lay.chunk, dh)
+    ke, ve = k[er.reshape(-1)].view(g, -1, dh), v[er.reshape(-1)].view(g, -1, dh)
+    kw, vw = _win(ke, n, lay.chunk, lay.window), _win(ve, n, lay.chunk, lay.window)
+    return qr, er, qb, kw, vw
+
+
 class _LSHCore(torch.autograd.Function):
     """Chunked attention over the sorted stream, rounds combined by logsumexp.
 
-    forward(q, k, v, layout, dropout_p, seed, fused): q, k, v (BH*L, Dh) flat rows ->
-    o (BH*L, Dh). Saves q, k, v, o, one logsumexp per slot and two numbers per position (the
-    round softmax's max and sum); the backward
-    recomputes every block of logits (see the module docstring for the gradient).
+    forward(q, k, v, layout, dropout_p, seed, fused): q, k, v (rows, Dh) -> o (rows, Dh).
+    Saves q, k, v, o, one logsumexp per slot and two numbers per position (the round softmax's
+    max and sum); the backward recomputes every block of logits (see the module docstring).
     """
 
     @staticmethod
@@ -444,16 +470,12 @@ class _LSHCore(torch.autograd.Function):
         norm = torch.empty(lay.bh, 2, lay.length, dtype=acc, device=q.device)
         gen = _dropout_generator(seed, q.device)
         with torch.autocast(q.device.type, enabled=False):
-            for s0, s1 in lay.groups(dh):
+            for s0, s1 in lay.groups():
                 gr = _group(lay, s0, s1)
-                g = s1 - s0
-                sq, sk, sv = q[gr.rows], k[gr.rows_ext], v[gr.rows_ext]  # (g, S|ext, Dh)
-                o_s = torch.empty(g, lay.slots, dh, dtype=q.dtype, device=q.device)
+                o_s = torch.empty(s1 - s0, lay.slots, dh, dtype=q.dtype, device=q.device)
                 lse_s = lse_sorted[s0:s1]  # (g, S)
-                for a, b in lay.blocks(g):
-                    qb = _chunks(sq, lay, a, b)  # (g, n, c, Dh)
-                    kw = _win(sk, a, b, lay.chunk, lay.window)  # (g, n, W, Dh)
-                    vw = _win(sv, a, b, lay.chunk, lay.window)
+                for a, b in lay.blocks(s1 - s0):
+                    _, _, qb, kw, vw = _block_inputs(lay, gr, a, b, q, k, v)
                     bias = _bias(lay, gr, a, b, q.dtype if fused else acc)
                     if fused:
                         out, lse = _FUSED_CPU[0](qb, kw, vw, 0.0, False, attn_mask=bias, scale=1.0)
@@ -468,9 +490,8 @@ class _LSHCore(torch.autograd.Function):
                         out = torch.matmul(p.to(v.dtype), vw)
                     _chunks(o_s, lay, a, b).copy_(out)
                     _chunks(lse_s, lay, a, b).copy_(lse)
-                o_g, norm_g = _combine(lay, s0, s1, o_s, lse_s)
-                o[s0 * lay.length : s1 * lay.length] = o_g
-                norm[s0:s1] = norm_g
+                o_g, norm[s0:s1] = _combine(lay, s0, s1, o_s, lse_s)
+                o.index_copy_(0, lay.stream_rows[s0:s1].reshape(-1), o_g)
         ctx.save_for_backward(q, k, v, o, lse_sorted, norm)
         ctx.lay, ctx.dropout_p, ctx.seed, ctx.fused = lay, dropout_p, seed, fused
         return o
@@ -482,27 +503,21 @@ class _LSHCore(torch.autograd.Function):
         fused = ctx.fused
         acc = _acc_dtype(q.dtype)
         dh = q.shape[-1]
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         grad_o = grad_o.contiguous()
         gen = _dropout_generator(ctx.seed, q.device)
-        ids = lay.ext_chunks()
         with torch.autocast(q.device.type, enabled=False):
-            for s0, s1 in lay.groups(dh):
+            for s0, s1 in lay.groups():
                 gr = _group(lay, s0, s1)
                 g = s1 - s0
-                sq, sk, sv = q[gr.rows], k[gr.rows_ext], v[gr.rows_ext]
                 lse_s = lse_sorted[s0:s1]  # (g, S)
                 w = _round_weights(norm[s0:s1], lse_s, gr.qpos)  # (g, S) round weights
-                gs = (grad_o[gr.rows].to(acc) * w[..., None]).to(q.dtype)  # (g, S, Dh): w_r dO
-                os_ = o[gr.rows]  # (g, S, Dh): the combined output at each slot
-                dq_s = torch.empty_like(sq)
-                dk_e = torch.zeros_like(sk)
-                dv_e = torch.zeros_like(sv)
                 for a, b in lay.blocks(g):
-                    qb = _chunks(sq, lay, a, b)
-                    kw = _win(sk, a, b, lay.chunk, lay.window)
-                    vw = _win(sv, a, b, lay.chunk, lay.window)
-                    gb, ob = _chunks(gs, lay, a, b), _chunks(os_, lay, a, b)
+                    qr, er, qb, kw, vw = _block_inputs(lay, gr, a, b, q, k, v)
+                    flat = qr.reshape(-1)
+                    wb = _chunks(w, lay, a, b)[..., None]  # (g, n, c, 1)
+                    gb = (grad_o[flat].view(qb.shape).to(acc) * wb).to(q.dtype)  # w_r dO
+                    ob = o[flat].view(qb.shape)  # the combined output at each slot
                     lse = _chunks(lse_s, lay, a, b)
                     bias = _bias(lay, gr, a, b, q.dtype if fused else acc)
                     if fused:
@@ -518,56 +533,45 @@ class _LSHCore(torch.autograd.Function):
                             pd, dp = p * m, dp * m
                         else:
                             pd = p
-                        delta = (gb.to(acc) * ob.to(acc)).sum(-1, keepdim=True)  # (g, n, c, 1)
+                        delta = (gb.to(acc) * ob.to(acc)).sum(-1, keepdim=True)  # (g,n,c,1)
                         ds = (p * (dp - delta)).to(q.dtype)
                         gq = torch.matmul(ds, kw)  # (g, n, c, Dh)
                         gk = torch.matmul(ds.transpose(-1, -2), qb)  # (g, n, W, Dh)
                         gv = torch.matmul(pd.to(v.dtype).transpose(-1, -2), gb)
-                    _chunks(dq_s, lay, a, b).copy_(gq)
-                    n = b - a
-                    for i in range(lay.width):  # window part i of chunk j is extended chunk j+i
-                        part = slice(i * lay.chunk, (i + 1) * lay.chunk)
-                        rows = slice((a + i) * lay.chunk, (b + i) * lay.chunk)
-                        dk_e[:, rows] += gk[:, :, part].reshape(g, n * lay.chunk, dh)
-                        dv_e[:, rows] += gv[:, :, part].reshape(g, n * lay.chunk, dh)
-                span = slice(s0 * lay.length, s1 * lay.length)
-                dq[span] = _unsort(lay, s0, s1, dq_s)
-                dk[span] = _unsort(lay, s0, s1, _fold(lay, dk_e, ids))
-                dv[span] = _unsort(lay, s0, s1, _fold(lay, dv_e, ids))
+                    dq.index_add_(0, flat, gq.reshape(-1, dh))
+                    # window part i of chunk j is extended row block j + i: fold, then scatter
+                    dke, dve = torch.zeros(2, g, er.shape[1], dh, dtype=k.dtype, device=k.device)
+                    n, c = b - a, lay.chunk
+                    for i in range(lay.width):
+                        part, rows = slice(i * c, (i + 1) * c), slice(i * c, (n + i) * c)
+                        dke[:, rows] += gk[:, :, part].reshape(g, n * c, dh)
+                        dve[:, rows] += gv[:, :, part].reshape(g, n * c, dh)
+                    dk.index_add_(0, er.reshape(-1), dke.reshape(-1, dh))
+                    dv.index_add_(0, er.reshape(-1), dve.reshape(-1, dh))
         return dq, dk, dv, None, None, None, None
-
-
-def _fold(lay: _Layout, t_ext: Tensor, ids: Tensor) -> Tensor:
-    """Extended-stream gradients (g, ext, Dh) summed onto their chunks -> (g, S, Dh)."""
-    g, _, dh = t_ext.shape
-    out = torch.zeros(g, lay.n_chunks, lay.chunk, dh, dtype=t_ext.dtype, device=t_ext.device)
-    out.index_add_(1, ids, t_ext.view(g, -1, lay.chunk, dh))
-    return out.view(g, lay.slots, dh)
-
-
-def _unsort(lay: _Layout, s0: int, s1: int, t_s: Tensor) -> Tensor:
-    """Slot values (g, S, Dh) summed over each position's rounds -> (g * L, Dh)."""
-    g, _, dh = t_s.shape
-    undo = lay.undo[s0:s1].reshape(g, -1, 1).expand(g, lay.slots, dh)
-    return t_s.gather(1, undo).view(g, lay.n_hashes, lay.length, dh).sum(1).reshape(-1, dh)
 
 
 def _combine(lay: _Layout, s0: int, s1: int, o_s: Tensor, lse_s: Tensor) -> tuple[Tensor, Tensor]:
     """Unsort the rounds and weight them by their logsumexp: o_s (g, S, Dh), lse_s (g, S) ->
-    o (g * L, Dh) and ``norm`` (g, 2, L): the max over rounds and the sum of
+    o (g * L, Dh) in stream order and ``norm`` (g, 2, L): the max over rounds and the sum of
     ``exp(lse_r - max)``, so that a slot's round weight is ``exp(lse - max) / sum`` (a softmax
     over rounds: the weights sum to 1 to rounding even when every round's logsumexp is near
-    -1e5, a token alone with itself). A gather through the inverse permutation (no scatter)."""
+    -1e5, a token alone with itself). Gathers through the inverse permutation, one round at a
+    time (no scatter)."""
     g, _, dh = o_s.shape
-    undo = lay.undo[s0:s1].reshape(g, -1)  # (g, n_h * L)
-    lse_r = lse_s.gather(1, undo).view(g, lay.n_hashes, lay.length)
+    undo = lay.undo[s0:s1]  # (g, n_h, L)
+    lse_r = lse_s.gather(1, undo.reshape(g, -1)).view(g, lay.n_hashes, lay.length)
     top = lse_r.amax(dim=1)  # (g, L)
     e = torch.exp(lse_r - top[:, None])  # (g, n_h, L)
     z = e.sum(1)  # (g, L)
-    w = e / z[:, None]
-    o_r = o_s.gather(1, undo[..., None].expand(g, undo.shape[1], dh))
-    o_r = o_r.view(g, lay.n_hashes, lay.length, dh)
-    o = (o_r.to(w.dtype) * w[..., None]).sum(1)  # (g, L, Dh)
+    w = (e / z[:, None]).to(
+        torch.float32 if o_s.dtype in (torch.float16, torch.bfloat16) else o_s.dtype
+    )
+    o = None
+    for r in range(lay.n_hashes):
+        o_r = o_s.gather(1, undo[:, r, :, None].expand(g, lay.length, dh))  # (g, L, Dh)
+        term = o_r.to(w.dtype) * w[:, r, :, None]
+        o = term if o is None else o + term
     return o.reshape(-1, dh).to(o_s.dtype), torch.stack([top, z], dim=1)
 
 
@@ -591,16 +595,22 @@ def _layout(
     b, h, n, t = buckets.shape
     positions, slots = sort_buckets(buckets)  # (B, H, n*L), (B, H, n, L)
     bh = b * h
-    base = (torch.arange(bh, device=buckets.device) * t)[:, None]  # (BH, 1)
-    undo = slots.reshape(bh, n, t).contiguous()
+    dev = buckets.device
+    # flat row of (b, h, position) in the (B, L, H) order: (b * L + position) * H + h
+    base = (torch.arange(b, device=dev)[:, None] * t * h + torch.arange(h, device=dev)).reshape(
+        bh, 1
+    )
+    q_rows = positions.reshape(bh, n * t) * h + base  # (BH, S)
+    stream_rows = torch.arange(t, device=dev) * h + base  # (BH, L)
+    undo = slots.reshape(bh, n, t).contiguous()  # slot r * L + j of (round r, position)
     locs = None
     if duplicate_correction:
-        locs = (undo // chunk).transpose(1, 2).contiguous()  # (BH, L, n)
-    kreal = None
-    if real is not None:
-        kreal = real[:, None, :].expand(b, h, t).reshape(bh, t)
+        chunk_of = (undo // chunk).transpose(1, 2).reshape(-1, n)  # (BH*L, n) in stream order
+        locs = torch.empty(b * t * h, n, dtype=chunk_of.dtype, device=dev)
+        locs[stream_rows.reshape(-1)] = chunk_of
     return _Layout(
         bh=bh,
+        heads=h,
         length=t,
         n_hashes=n,
         chunk=chunk,
@@ -608,9 +618,10 @@ def _layout(
         before=n_chunks_before,
         after=n_chunks_after,
         causal=causal,
-        q_rows=(positions.reshape(bh, n * t) + base).contiguous(),
+        q_rows=q_rows.contiguous(),
         undo=undo,
-        real=kreal,
+        stream_rows=stream_rows.contiguous(),
+        real=None if real is None else real.reshape(-1).to(torch.bool),
         locs=locs,
     )
 
@@ -623,6 +634,12 @@ def _check_core_args(q: Tensor, buckets: Tensor, chunk: int) -> None:
         raise ValueError(
             f"buckets must be (B={b}, H={h}, n_hashes, L={t}), got {tuple(buckets.shape)}"
         )
+
+
+def _rows(t: Tensor) -> Tensor:
+    """(B, H, L, Dh) -> flat (B*L*H, Dh) rows in (B, L, H) order; a view when ``t`` is a
+    head-transposed view of a (B, L, H, Dh) tensor (the projections' output)."""
+    return t.transpose(1, 2).reshape(-1, t.shape[-1])
 
 
 def lsh_attention(
@@ -640,10 +657,11 @@ def lsh_attention(
     impl: str = "auto",
 ) -> Tensor:
     """LSH attention over shared-QK vectors q (B, H, L, Dh) and values v (B, H, L, Dh) with
-    buckets (B, H, n_hashes, L) -> (B, H, L, Dh). ``L`` must be a multiple of ``chunk``;
-    ``real``: (B, L) bool, False = padding (give padding the padding bucket). ``impl``:
-    ``"auto"`` (PyTorch's fused CPU flash kernel per block where it applies -- CPU, no dropout --
-    else plain matmuls), ``"fused"`` or ``"manual"`` (the same arithmetic either way)."""
+    buckets (B, H, n_hashes, L) -> (B, H, L, Dh) (a head-transposed view of (B, L, H, Dh)).
+    ``L`` must be a multiple of ``chunk``; ``real``: (B, L) bool, False = padding (give padding
+    the padding bucket). ``impl``: ``"auto"`` (PyTorch's fused CPU flash kernel per block
+    where it applies -- CPU, no dropout -- else plain matmuls), ``"fused"`` or ``"manual"``
+    (the same arithmetic either way)."""
     if impl not in ("auto", "fused", "manual"):
         raise ValueError(f"impl must be 'auto', 'fused' or 'manual', got {impl!r}")
     _check_core_args(q, buckets, chunk)
@@ -657,11 +675,8 @@ def lsh_attention(
     if dropout_p > 0.0:
         seed = int(torch.randint(0, 2**62, (1,)).item())
     fused = _use_fused(q, dropout_p, impl)
-    flat = (b * h * t, dh)
-    o = _LSHCore.apply(
-        q.reshape(flat), k.reshape(flat), v.reshape(flat), lay, dropout_p, seed, fused
-    )
-    return o.view(b, h, t, dh)
+    o = _LSHCore.apply(_rows(q), _rows(k), _rows(v), lay, dropout_p, seed, fused)
+    return o.view(b, t, h, dh).transpose(1, 2)
 
 
 @torch.no_grad()
@@ -685,29 +700,27 @@ def lsh_attention_weights(
         buckets, chunk, causal=causal, real=real, n_chunks_before=n_chunks_before,
         n_chunks_after=n_chunks_after, duplicate_correction=duplicate_correction,
     )  # fmt: skip
-    qf, kf = q.reshape(-1, dh), shared_qk_keys(q).reshape(-1, dh)
+    qf, kf = _rows(q), _rows(shared_qk_keys(q))
     dense = torch.zeros(lay.bh, t, t, dtype=q.dtype, device=q.device)
-    for s0, s1 in lay.groups(dh):
+    for s0, s1 in lay.groups():
         gr = _group(lay, s0, s1)
         g = s1 - s0
-        sq, sk = qf[gr.rows], kf[gr.rows_ext]
         lse_s = torch.empty(g, lay.slots, dtype=q.dtype, device=q.device)
         probs = []
         for a, b_ in lay.blocks(g):
-            s = torch.matmul(
-                _chunks(sq, lay, a, b_), _win(sk, a, b_, lay.chunk, lay.window).transpose(-1, -2)
-            ) + _bias(lay, gr, a, b_, q.dtype)
+            qr, er, qb, kw, _ = _block_inputs(lay, gr, a, b_, qf, kf, kf)
+            s = torch.matmul(qb, kw.transpose(-1, -2)) + _bias(lay, gr, a, b_, q.dtype)
             _chunks(lse_s, lay, a, b_).copy_(torch.logsumexp(s, -1))
-            probs.append((a, b_, torch.softmax(s, -1)))
+            kpos = lay.position(_win(er, b_ - a, lay.chunk, lay.window))  # (g, n, W)
+            probs.append((a, b_, torch.softmax(s, -1), kpos))
         dummy = torch.zeros(g, lay.slots, 1, dtype=q.dtype, device=q.device)
         _, norm = _combine(lay, s0, s1, dummy, lse_s)
         w = _round_weights(norm, lse_s, gr.qpos)  # (g, S)
-        for a, b_, p in probs:
+        for a, b_, p, kpos in probs:
             qp = _chunks(gr.qpos, lay, a, b_)  # (g, n, c)
-            kp = _win(gr.rows_ext % t, a, b_, lay.chunk, lay.window)  # (g, n, W)
             pw = p * _chunks(w, lay, a, b_)[..., None]  # (g, n, c, W)
             stream = torch.arange(s0, s1, device=q.device)[:, None, None, None].expand_as(pw)
-            idx = (stream, qp[..., None].expand_as(pw), kp[:, :, None, :].expand_as(pw))
+            idx = (stream, qp[..., None].expand_as(pw), kpos[:, :, None, :].expand_as(pw))
             dense.index_put_(idx, pw, accumulate=True)
     return dense.view(b, h, t, t)
 
@@ -835,16 +848,18 @@ class LSHAttention(AttentionPart):
             )
         plan = positions
         pad = plan.padded - t
-        qk = self._heads(self.qk_proj(x))  # (B, H, T, Dh)
-        v = self._heads(self.v_proj(x))
+        h, dh = self.dims.n_heads, self.dims.head_dim
+        qk = self.qk_proj(x).view(b, t, h, dh)  # (B, T, H, Dh)
+        v = self.v_proj(x).view(b, t, h, dh)
         kp = None if mask is None else mask.key_padding
         real = None
         if kp is not None or pad:
             real = torch.ones(b, t, dtype=torch.bool, device=x.device) if kp is None else kp.bool()
             real = F.pad(real, (0, pad), value=False)  # (B, Lp)
         if pad:
-            qk = F.pad(qk, (0, 0, 0, pad))  # (B, H, Lp, Dh)
-            v = F.pad(v, (0, 0, 0, pad))
+            qk = F.pad(qk, (0, 0, 0, 0, 0, pad))  # (B, Lp, H, Dh)
+            v = F.pad(v, (0, 0, 0, 0, 0, pad))
+        qk, v = qk.transpose(1, 2), v.transpose(1, 2)  # (B, H, Lp, Dh) views: no copies
         buckets = plan.buckets
         if buckets is None:
             buckets = hash_vectors(qk, plan.rotations, plan.factors)  # (B, H, n_h, Lp)

@@ -1,0 +1,101 @@
+"""The Reformer's speed and memory targets, measured by the ``effiformer bench`` harness in one run.
+
+1. One LSH attention layer (``reformer-small``: d 256, 4 heads of 64, chunk 64, 4 hashes, causal)
+   forward+backward against causal dense SDPA of the same shape (the ``sdpa`` row) and against
+   ``reformer-pytorch`` (lucidrains, ``LSHSelfAttention`` with bucket_size 64 and 4 hashes) and
+   HF transformers' ``ReformerAttention`` (LSH) at the same settings, at ``--lengths``
+   (default 4096, 8192, 16384). Targets: >= 3x faster than SDPA at 16,384; >= 1.5x faster than
+   reformer-pytorch and <= half its peak memory at every length.
+2. The whole ``reformer-small`` model (reversible) with 2 and with 12 layers at ``--model-length``
+   (default 16384): the 12-layer peak within 1.3x of the 2-layer one.
+
+Reference rows come from the plugin :mod:`effiformer.bench.reformer_references` (needs
+``pip install reformer-pytorch`` and ``transformers``; a missing package skips its row). Writes
+the harness's records to ``OUT/attention`` and ``OUT/model-L{2,12}``, and a summary with the
+ratios to ``OUT/summary.jsonl``. Timing on a shared machine is noisy: compare the ratios, which
+come from cells of the same run.
+
+    python benchmarks/reformer_bench.py                               # full (~15 min on 2 cores)
+    python benchmarks/reformer_bench.py --lengths 2048 --model-length 2048 --repeats 1  # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from effiformer.benchmark import run_bench
+
+PLUGIN = "effiformer.bench.reformer_references"
+
+
+def _by(records, name, length, key):
+    for r in records:
+        if r["name"] == name and r["seq_len"] == length and r["status"] == "ok":
+            return r[key]
+    return None
+
+
+def _ratio(a, b):
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384])
+    p.add_argument("--model-length", type=int, default=16384)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--max-memory-mib", type=float, default=20000)
+    p.add_argument("--out", default="runs/reformer_bench")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    common = dict(
+        repeats=args.repeats, warmup=1, progress=False, plot=False,
+        max_memory_mib=args.max_memory_mib, plugins=[PLUGIN],
+    )  # fmt: skip
+    att = run_bench(
+        ["reformer-small"], lengths=args.lengths, parts=("attention",), out=out / "attention",
+        refs=["sdpa", "reformer-pytorch", "hf-reformer-lsh"], **common,
+    ).records  # fmt: skip
+    models = {}
+    for n in (2, 12):
+        models[n] = run_bench(
+            ["reformer-small"], lengths=[args.model_length], parts=("model",),
+            overrides=[f"n_layers={n}"], refs=["none"], out=out / f"model-L{n}", **common,
+        ).records  # fmt: skip
+    summary = {"kind": "summary", "benchmark": "reformer_bench", "attention": [], "model": {}}
+    for t in args.lengths:
+        ours = _by(att, "reformer-small", t, "fwd_bwd_ms")
+        row = {
+            "seq_len": t,
+            "lsh_fwd_bwd_ms": ours,
+            "sdpa_over_lsh": _ratio(_by(att, "sdpa", t, "fwd_bwd_ms"), ours),
+            "reformer_pytorch_over_lsh": _ratio(
+                _by(att, "reformer-pytorch", t, "fwd_bwd_ms"), ours
+            ),
+            "hf_over_lsh": _ratio(_by(att, "hf-reformer-lsh", t, "fwd_bwd_ms"), ours),
+            "lsh_peak_mib": _by(att, "reformer-small", t, "peak_mib"),
+            "reformer_pytorch_peak_mib": _by(att, "reformer-pytorch", t, "peak_mib"),
+            "hf_peak_mib": _by(att, "hf-reformer-lsh", t, "peak_mib"),
+        }
+        row["lsh_peak_over_reformer_pytorch"] = _ratio(
+            row["lsh_peak_mib"], row["reformer_pytorch_peak_mib"]
+        )
+        summary["attention"].append(row)
+    peaks = {n: _by(models[n], "reformer-small", args.model_length, "peak_mib") for n in models}
+    summary["model"] = {
+        "seq_len": args.model_length,
+        "peak_mib_2_layers": peaks[2],
+        "peak_mib_12_layers": peaks[12],
+        "ratio_12_over_2": _ratio(peaks[12], peaks[2]),
+    }
+    with open(out / "summary.jsonl", "a") as f:
+        f.write(json.dumps(summary) + "\n")
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
