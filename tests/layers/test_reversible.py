@@ -166,6 +166,17 @@ def test_memory_held_for_backward_does_not_grow_with_depth():
     assert per_lsh_layer < 2 * x.numel() * 8  # smaller than one stream's activations
 
 
+def test_backward_runs_under_the_flop_counter():
+    # FlopCounterMode's module tracker hooks module inputs; the recompute must not hand it leaves
+    from torch.utils.flop_counter import FlopCounterMode
+
+    stack = _stack(2)
+    x = torch.randn(1, T, D, dtype=torch.float64, requires_grad=True)
+    with FlopCounterMode(display=False) as counter:
+        _run(stack, x).hidden.sum().backward()
+    assert counter.get_total_flops() > 0 and x.grad is not None
+
+
 def test_eval_returns_no_aux_and_needs_no_grad():
     stack = _stack(2, aux=True).eval()
     x = torch.randn(2, T, D, dtype=torch.float64)

@@ -245,7 +245,9 @@ class _Reversible(torch.autograd.Function):
             with _seeded(seed_g, dev), torch.enable_grad():
                 for s in chunk_slices(y1.shape[1], block.ffn_chunk):
                     y1c = y1[:, s].detach().requires_grad_(True)
-                    gc = block.g_chunk(y1c)
+                    # a non-leaf view goes into the modules: module hooks that watch their
+                    # inputs' gradients (FlopCounterMode's tracker) refuse leaves in autograd.grad
+                    gc = block.g_chunk(y1c.view_as(y1c))
                     x2[:, s] = y2[:, s] - gc.detach()
                     got = torch.autograd.grad(gc, (y1c, *params), dy2[:, s], allow_unused=True)
                     if got[0] is not None:
@@ -254,7 +256,7 @@ class _Reversible(torch.autograd.Function):
             # F: X1 = Y1 - F(X2); dX2 = dY2 + dF/dX2 . dY1 (+ the aux losses' gradients)
             with _seeded(seed_f, dev), torch.enable_grad():
                 x2g = x2.detach().requires_grad_(True)
-                a = block.f(x2g, mask=run.mask, positions=replays[i])
+                a = block.f(x2g.view_as(x2g), mask=run.mask, positions=replays[i])
                 outs, gouts = [a.out], [dy1]
                 for k, name in enumerate(run.aux_names[i]):
                     g = daux[offsets[i] + k]
