@@ -503,7 +503,7 @@ class _LSHCore(torch.autograd.Function):
         fused = ctx.fused
         acc = _acc_dtype(q.dtype)
         dh = q.shape[-1]
-        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         grad_o = grad_o.contiguous()
         gen = _dropout_generator(ctx.seed, q.device)
         with torch.autocast(q.device.type, enabled=False):
@@ -512,8 +512,11 @@ class _LSHCore(torch.autograd.Function):
                 g = s1 - s0
                 lse_s = lse_sorted[s0:s1]  # (g, S)
                 w = _round_weights(norm[s0:s1], lse_s, gr.qpos)  # (g, S) round weights
+                # gradients per sorted slot (no scatter-add: CPU index_add_ is erratic), unsorted
+                # through the inverse permutation at the end
+                dq_s, dk_s, dv_s = torch.zeros(3, g, lay.slots, dh, dtype=q.dtype, device=q.device)
                 for a, b in lay.blocks(g):
-                    qr, er, qb, kw, vw = _block_inputs(lay, gr, a, b, q, k, v)
+                    qr, _, qb, kw, vw = _block_inputs(lay, gr, a, b, q, k, v)
                     flat = qr.reshape(-1)
                     wb = _chunks(w, lay, a, b)[..., None]  # (g, n, c, 1)
                     gb = (grad_o[flat].view(qb.shape).to(acc) * wb).to(q.dtype)  # w_r dO
@@ -538,17 +541,41 @@ class _LSHCore(torch.autograd.Function):
                         gq = torch.matmul(ds, kw)  # (g, n, c, Dh)
                         gk = torch.matmul(ds.transpose(-1, -2), qb)  # (g, n, W, Dh)
                         gv = torch.matmul(pd.to(v.dtype).transpose(-1, -2), gb)
-                    dq.index_add_(0, flat, gq.reshape(-1, dh))
-                    # window part i of chunk j is extended row block j + i: fold, then scatter
-                    dke, dve = torch.zeros(2, g, er.shape[1], dh, dtype=k.dtype, device=k.device)
-                    n, c = b - a, lay.chunk
+                    _chunks(dq_s, lay, a, b).copy_(gq)
+                    # window part i of chunk j belongs to chunk j + i - before (circularly)
                     for i in range(lay.width):
-                        part, rows = slice(i * c, (i + 1) * c), slice(i * c, (n + i) * c)
-                        dke[:, rows] += gk[:, :, part].reshape(g, n * c, dh)
-                        dve[:, rows] += gv[:, :, part].reshape(g, n * c, dh)
-                    dk.index_add_(0, er.reshape(-1), dke.reshape(-1, dh))
-                    dv.index_add_(0, er.reshape(-1), dve.reshape(-1, dh))
+                        part = slice(i * lay.chunk, (i + 1) * lay.chunk)
+                        _add_chunks(dk_s, lay, a + i - lay.before, gk[:, :, part])
+                        _add_chunks(dv_s, lay, a + i - lay.before, gv[:, :, part])
+                rows = lay.stream_rows[s0:s1].reshape(-1)
+                dq[rows] = _unsort(lay, s0, s1, dq_s)
+                dk[rows] = _unsort(lay, s0, s1, dk_s)
+                dv[rows] = _unsort(lay, s0, s1, dv_s)
         return dq, dk, dv, None, None, None, None
+
+
+def _add_chunks(t_s: Tensor, lay: _Layout, first: int, part: Tensor) -> None:
+    """Add part (g, n, c, Dh) to the chunks ``first .. first + n - 1`` (mod the chunk count) of
+    the slot tensor t_s (g, S, Dh), as contiguous slices."""
+    n, nc = part.shape[1], lay.n_chunks
+    t4 = t_s.view(t_s.shape[0], nc, lay.chunk, t_s.shape[-1])
+    done = 0
+    while done < n:
+        start = (first + done) % nc
+        m = min(n - done, nc - start)
+        t4[:, start : start + m] += part[:, done : done + m]
+        done += m
+
+
+def _unsort(lay: _Layout, s0: int, s1: int, t_s: Tensor) -> Tensor:
+    """Slot values (g, S, Dh) summed over each position's rounds -> (g * L, Dh) in stream order
+    (gathers through the inverse permutation, one round at a time)."""
+    g, _, dh = t_s.shape
+    out = None
+    for r in range(lay.n_hashes):
+        part = t_s.gather(1, lay.undo[s0:s1, r, :, None].expand(g, lay.length, dh))
+        out = part if out is None else out + part
+    return out.reshape(-1, dh)
 
 
 def _combine(lay: _Layout, s0: int, s1: int, o_s: Tensor, lse_s: Tensor) -> tuple[Tensor, Tensor]:
