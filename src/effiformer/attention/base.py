@@ -37,7 +37,10 @@ Registered parts (:mod:`effiformer.attention.registry`) subclass :class:`Attenti
 must stay fixed across a forward and its recomputation (LSH rotations) is drawn in ``prepare``,
 from ``ctx.generator`` when one is given, and travels in ``positions``. So a reversible or
 checkpointed stack that restores the RNG state and passes the same prepared inputs re-runs a
-layer exactly. ``updates`` computed during a recomputation are discarded by the stack.
+layer exactly. ``updates`` computed during a recomputation are discarded by the stack. A part
+whose forward makes discrete choices from its inputs (LSH buckets) returns them in
+``AttentionOutput.replay``; a stack that re-runs the layer on *reconstructed* inputs (the
+reversible stack) passes that back as ``positions``, so rounding cannot change the choices.
 """
 
 from __future__ import annotations
@@ -117,12 +120,17 @@ class AttentionOutput:
     aux: auxiliary losses by name, each a scalar tensor, added to the task loss.
     updates: tensors computed without gradient that the training loop applies to buffers after
         the optimiser step, keyed by the buffer's qualified name relative to the module.
+    replay: what re-runs this call exactly when passed back as ``positions`` in a recomputation
+        (a reversible stack's backward): the call's discrete choices, such as LSH buckets, so
+        that inputs reconstructed up to rounding cannot flip them. ``None``: re-run with the
+        prepared ``positions``.
     """
 
     out: Tensor
     state: Any = None
     aux: dict[str, Tensor] = field(default_factory=dict)
     updates: dict[str, Tensor] = field(default_factory=dict)
+    replay: Any = None
 
 
 @dataclass(frozen=True)
@@ -376,12 +384,17 @@ class AttentionPart(nn.Module):
         return config
 
     @classmethod
-    def causal_config(cls, config: AttentionConfig, seq_len: int) -> AttentionConfig:
-        """A config of this mechanism (derived from ``config``, the example config) whose causal
-        outputs ignore later tokens exactly: what the contract test's causality check runs.
-        Default: ``config``. A mechanism whose *selection* of keys competes over the whole
-        segment (Routing's balanced top-w clusters, as in its official training code) returns one
-        whose selection is trivial, and tests its masks on their own."""
+    def causal_config(cls, config: AttentionConfig, seq_len: int) -> AttentionConfig | None:
+        """A config of this mechanism (derived from ``config``, the example config) under which a
+        causal layer's outputs before position ``t`` are exactly unchanged by tokens at ``t`` and
+        later: what the contract test's causality check runs. Default: ``config``.
+
+        A mechanism whose *selection* of keys competes over the whole segment (Routing's
+        balanced top-w clusters, as in its official training code) returns one whose selection
+        is trivial, and tests its masks on its own. ``None`` for a mechanism that is causal in
+        its attention weights only (Reformer LSH: a later token's hash moves it in the sort
+        order, which changes which earlier keys share a chunk); such a part tests its weights in
+        its own tests."""
         return config
 
     @classmethod

@@ -2,9 +2,11 @@
 layer stack and its memory policies."""
 
 from .block import TransformerBlock
+from .chunked import ChunkedFeedForward, chunked_lm_loss
 from .ffn import FeedForward
 from .memory import FIFOMemory, MemoryPolicy
 from .positions import (
+    AxialPositions,
     FactorizedPositions,
     LearnedPositions,
     SinusoidalPositions,
@@ -14,6 +16,8 @@ from .positions import (
 from .stack import LayerCall, LayerStack, StackOutput, prefix_keys
 
 __all__ = [
+    "AxialPositions",
+    "ChunkedFeedForward",
     "FIFOMemory",
     "FactorizedPositions",
     "FeedForward",
@@ -25,6 +29,7 @@ __all__ = [
     "StackOutput",
     "TransformerBlock",
     "build_positions",
+    "chunked_lm_loss",
     "prefix_keys",
     "sinusoid_table",
 ]

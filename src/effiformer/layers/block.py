@@ -57,7 +57,8 @@ class TransformerBlock(nn.Module):
         positions: Any = None,
     ) -> AttentionOutput:
         """x: (B, Tq, D), kv: (B, Tk, D) or None -> AttentionOutput with out (B, Tq, D); the
-        attention's ``updates`` come back keyed relative to this block (``attn.NAME``)."""
+        attention's ``updates`` come back keyed relative to this block (``attn.NAME``) and its
+        ``replay`` unchanged."""
         if self.norm_first:
             h = self.norm1(x)
             src = None if kv is None else self.norm1(kv)
@@ -69,4 +70,4 @@ class TransformerBlock(nn.Module):
             x = self.norm1(x + self.drop(a.out))
             x = self.norm2(x + self.drop(self.ffn(x)))
         updates = {f"attn.{k}": v for k, v in a.updates.items()}
-        return AttentionOutput(out=x, state=a.state, aux=a.aux, updates=updates)
+        return AttentionOutput(out=x, state=a.state, aux=a.aux, updates=updates, replay=a.replay)

@@ -1,6 +1,8 @@
-"""Absolute position encodings: fixed sinusoids (Vaswani et al. 2017, sec. 3.5), learned, and
+"""Absolute position encodings: fixed sinusoids (Vaswani et al. 2017, sec. 3.5), learned,
 learned factorized (row, column) embeddings within a (T/stride, stride) grid (the Sparse
-Transformer's text/audio positions: Child et al. 2019, arXiv 1904.10509, section 5.3)."""
+Transformer's text/audio positions: Child et al. 2019, arXiv 1904.10509, section 5.3), and the
+Reformer's axial encodings (Kitaev et al. 2020, arXiv 2001.04451, sec. 5; trax
+``AxialPositionalEncoding``)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ __all__ = [
     "SinusoidalPositions",
     "LearnedPositions",
     "FactorizedPositions",
+    "AxialPositions",
     "build_positions",
 ]
 
@@ -75,6 +78,54 @@ class FactorizedPositions(nn.Module):
         pos = torch.arange(offset, offset + t, device=x.device)
         emb = self.rows(pos // self.stride) + self.cols(pos % self.stride)  # (T, D)
         return x + emb[None]
+
+
+class AxialPositions(nn.Module):
+    """Adds axial position encodings to (B, T, D) embeddings (trax's default: concatenated).
+
+    The positions ``0 .. n1*n2 - 1`` are laid out on an (n1, n2) grid; position ``p`` gets
+    ``concat(E1[p // n2], E2[p % n2])`` with learned E1: (n1, d1), E2: (n2, d2), d1 + d2 = D,
+    initialised N(0, 1) (trax ``RandomNormalInitializer(1.0)``). Parameters: n1*d1 + n2*d2
+    instead of n1*n2*D. ``dropout``: trax drops features of the encoding with one mask per
+    example, shared by every position (``dropout_broadcast_dims`` over the grid axes).
+    Inputs shorter than n1*n2 take the first T positions (trax needs exactly n1*n2 in training).
+    """
+
+    def __init__(
+        self, dim: int, shape: tuple[int, int], dims: tuple[int, int], *, dropout: float = 0.0
+    ) -> None:
+        super().__init__()
+        if len(shape) != 2 or len(dims) != 2 or any(int(v) < 1 for v in (*shape, *dims)):
+            raise ValueError(
+                f"axial shape and dims must be two positive ints each, got {shape}, {dims}"
+            )
+        if sum(dims) != dim:
+            raise ValueError(f"axial dims must sum to dim={dim}, got {dims} (sum {sum(dims)})")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.shape, self.dims, self.dropout = tuple(shape), tuple(dims), dropout
+        self.max_len = shape[0] * shape[1]
+        self.e1 = nn.Parameter(torch.randn(shape[0], dims[0]))
+        self.e2 = nn.Parameter(torch.randn(shape[1], dims[1]))
+
+    def encoding(self, positions: Tensor) -> Tensor:
+        """(T,) positions -> (T, D) encodings."""
+        n2 = self.shape[1]
+        return torch.cat([self.e1[positions // n2], self.e2[positions % n2]], dim=-1)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        t = x.shape[1]
+        if offset + t > self.max_len:
+            raise ValueError(
+                f"axial positions cover {self.max_len} = {self.shape[0]}x{self.shape[1]} tokens, "
+                f"got positions up to {offset + t}"
+            )
+        pos = torch.arange(offset, offset + t, device=x.device)
+        enc = self.encoding(pos).to(x.dtype)[None]  # (1, T, D)
+        if self.training and self.dropout > 0:
+            keep = torch.rand(x.shape[0], 1, x.shape[2], device=x.device) >= self.dropout
+            enc = enc * keep.to(x.dtype) / (1.0 - self.dropout)  # (B, T, D)
+        return x + enc
 
 
 def build_positions(kind: str, dim: int, max_len: int, *, stride: int | None = None) -> nn.Module:
