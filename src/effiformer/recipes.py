@@ -41,6 +41,7 @@ __all__ = [
     "LITE_IWSLT_RECIPE",
     "LITE_WMT_EN_FR_RECIPE",
     "LITE_WMT_RECIPE",
+    "REFORMER_RECIPE",
     "VANILLA_RECIPE",
     "SEQ2SEQ_RECIPE",
     "XL_RECIPE",
@@ -225,6 +226,25 @@ SEQ2SEQ_RECIPE = TrainRecipe(
     eps=1e-9,
     weight_decay=0.0,
     warmup=4000,
+    schedule="inverse_sqrt",
+    clip=None,
+    steps=100_000,
+)
+
+#: Reformer (Kitaev et al. 2020, arXiv 2001.04451; trax ``supervised/configs/reformer_enwik8.gin``):
+#: Adam (0.9, 0.98), eps 1e-9, no weight decay, no clipping; trax's ``multifactor`` schedule
+#: ``constant * linear_warmup * rsqrt_decay`` with constant 0.03125 (d_model^-0.5 at d 1024) and
+#: 2,000 warmup steps, i.e. a linear warmup to 0.03125 / sqrt(2000) = 6.99e-4 and then the
+#: inverse square root of the step; 100,000 steps. Dropout (0.2 on enwik8) is a model-config field.
+REFORMER_RECIPE = TrainRecipe(
+    name="reformer",
+    source="Kitaev et al. 2020, trax reformer_enwik8.gin",
+    optimizer="adam",
+    lr=0.03125 / math.sqrt(2000),
+    betas=(0.9, 0.98),
+    eps=1e-9,
+    weight_decay=0.0,
+    warmup=2000,
     schedule="inverse_sqrt",
     clip=None,
     steps=100_000,

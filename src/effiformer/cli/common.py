@@ -174,7 +174,9 @@ def report_error(command: str | None, error: BaseException) -> int:
     if isinstance(error, FloatingPointError):
         print(f"{where}: error: {msg}", file=sys.stderr)
         return EXIT_FAILED
-    if isinstance(error, OSError) and not isinstance(error, FileNotFoundError):
+    if isinstance(error, OSError) and not isinstance(
+        error, (FileNotFoundError, FileExistsError, ValueError)
+    ):
         name = getattr(error, "filename", None)
         reason = error.strerror or msg
         msg = f"{name}: {reason}" if name and str(name) not in reason else reason

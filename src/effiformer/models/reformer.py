@@ -56,6 +56,7 @@ from ..layers.chunked import chunked_lm_loss
 from ..layers.ffn import ACTIVATIONS
 from ..layers.positions import AxialPositions
 from ..layers.reversible import ReversibleBlock, ReversibleStack
+from ..recipes import REFORMER_RECIPE, register_recipe
 from ..registry import build_model, register_family, register_model
 from .base import EffiModel, ModelOutput, lm_loss
 
@@ -280,6 +281,7 @@ def enwik8_pattern(
 
 
 register_family(ReformerConfig, build_reformer)
+register_recipe("reformer", REFORMER_RECIPE)
 register_model(
     "reformer-tiny",
     ReformerConfig(
