@@ -1,6 +1,6 @@
 """Model families. Each family registers itself when imported from this explicit list."""
 
-from . import compressive, funnel, routing, seq2seq, transformer, transformer_xl  # noqa: F401
+from . import compressive, funnel, hat, routing, seq2seq, transformer, transformer_xl  # noqa: F401
 from .base import EffiModel, ModelOutput
 from .classifier import SequenceClassifier
 from .compressive import CompressiveConfig, CompressiveTransformer

@@ -44,12 +44,18 @@ class Batch:
         return self.data["input_ids"].numel()
 
     def split(self, parts: int) -> list[Batch]:
-        """``parts`` equal row slices (for gradient accumulation); rows must divide evenly."""
+        """``parts`` equal row slices (for gradient accumulation); rows must divide evenly.
+        Every slice keeps the batch's ``meta`` (what the update shares, e.g. HAT's sampled
+        SubTransformer)."""
         if self.rows % parts:
             raise ValueError(f"cannot split {self.rows} rows into {parts} equal parts")
         n = self.rows // parts
         return [
-            Batch({k: v[i * n : (i + 1) * n] for k, v in self.data.items()}, self.new_stream)
+            Batch(
+                {k: v[i * n : (i + 1) * n] for k, v in self.data.items()},
+                self.new_stream,
+                self.meta,
+            )
             for i in range(parts)
         ]
 
