@@ -310,3 +310,26 @@ def test_genes_round_trip_and_inactive_slots_are_ignored():
     assert padded.trimmed() == sub.trimmed()
     assert sample_generator(3, 9).initial_seed() == sample_generator(3, 9).initial_seed()
     assert sample_generator(3, 9).initial_seed() != sample_generator(3, 10).initial_seed()
+
+
+def test_sampled_choices_pass_a_chi_squared_uniformity_test():
+    """1,500 draws of the WMT space: every gene (the widths, the decoder depth, every layer
+    slot's FFN width, heads and attended layers) takes each of its choices uniformly
+    (chi-squared, p > 1e-3), and two genes are independent (FFN widths of layers 0 and 1)."""
+    from scipy.stats import chi2_contingency, chisquare
+
+    draws = [WMT_SPACE.sample(sample_generator(0, i)) for i in range(1500)]
+    for field in ("encoder_dim", "decoder_dim", "decoder_layers"):
+        opts = getattr(WMT_SPACE, field)
+        counts = [sum(getattr(s, field) == o for s in draws) for o in opts]
+        assert chisquare(counts).pvalue > 1e-3, (field, counts)
+    per_layer = ("encoder_ffn", "encoder_heads", "decoder_ffn", "decoder_heads", "cross_heads",
+                 "attend")  # fmt: skip
+    for field in per_layer:
+        opts = getattr(WMT_SPACE, field)
+        for layer in range(6):  # every slot is drawn, used by the sample or not
+            counts = [sum(getattr(s, field)[layer] == o for s in draws) for o in opts]
+            assert chisquare(counts).pvalue > 1e-3, (field, layer, counts)
+    ffn = WMT_SPACE.encoder_ffn
+    table = [[sum(s.encoder_ffn[:2] == (a, b) for s in draws) for b in ffn] for a in ffn]
+    assert chi2_contingency(table).pvalue > 1e-3

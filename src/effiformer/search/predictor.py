@@ -11,8 +11,9 @@
 - :func:`split_indices`: a seeded shuffle, then 8:1:1 train / valid / test (HAT shuffles with the
   unseeded global RNG).
 - :class:`LinearFit`: least squares with an intercept, on the ten features or on one Mult-Adds
-  column (:func:`~effiformer.search.macs.features_decoding_macs`).
-- :func:`compare_predictors`: the three on the same split: test RMSE (ms) and mean absolute
+  column (:func:`hat_proxies`: HAT's Mult-Adds count, the README's FLOPs / 2; and the Mult-Adds
+  of the measured decoding workload).
+- :func:`compare_predictors`: all of them on the same split: test RMSE (ms) and mean absolute
   percentage error (%).
 """
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ __all__ = [
     "PredictorReport",
     "compare_predictors",
     "errors",
+    "hat_proxies",
     "load_predictor",
     "save_predictor",
     "split_indices",
@@ -234,7 +236,7 @@ class PredictorReport:
 def compare_predictors(
     features: np.ndarray,
     latency_ms: np.ndarray,
-    macs: np.ndarray,
+    proxies: Mapping[str, np.ndarray],
     *,
     feature_norm: Sequence[float],
     lat_norm: float,
@@ -242,13 +244,16 @@ def compare_predictors(
     steps: int = 5000,
     batch: int = 128,
     lr: float = 1e-5,
+    hidden: int = 400,
+    hidden_layers: int = 3,
     feature_names: Sequence[str] | None = None,
 ) -> PredictorReport:
-    """The MLP, a linear fit on the features and a linear fit on Mult-Adds, trained on the
-    same seeded 8:1:1 split's training rows; errors on its test rows."""
+    """The MLP, a linear fit on the features and a linear fit on each of ``proxies`` (name ->
+    one value per row, e.g. ``{"macs": ..., "decoding_macs": ...}``: results
+    ``"macs_linear"``, ...), all trained on the same seeded 8:1:1 split's training rows;
+    errors on its test rows."""
     features = np.asarray(features, dtype=np.float64)
     y = np.asarray(latency_ms, dtype=np.float64)
-    macs = np.asarray(macs, dtype=np.float64)
     tr, va, te = split_indices(len(y), seed)
     mlp, history = train_predictor(
         features[tr],
@@ -259,19 +264,41 @@ def compare_predictors(
         batch=batch,
         lr=lr,
         seed=seed,
+        hidden=hidden,
+        hidden_layers=hidden_layers,
         valid=(features[va], y[va]),
         log_every=max(steps // 20, 1),
         feature_names=feature_names,
     )
     pred = mlp.predict(features[te])
     lin = LinearFit.fit(features[tr], y[tr])
-    mac = LinearFit.fit(macs[tr], y[tr])
     results = {
         "mlp": errors(pred, y[te]),
         "features_linear": errors(lin.predict(features[te]), y[te]),
-        "macs_linear": errors(mac.predict(macs[te]), y[te]),
     }
+    for name, values in proxies.items():
+        v = np.asarray(values, dtype=np.float64)
+        if v.shape != y.shape:
+            raise ValueError(f"proxy {name!r} needs one value per row ({len(y)}), got {v.shape}")
+        results[f"{name}_linear"] = errors(LinearFit.fit(v[tr], y[tr]).predict(v[te]), y[te])
     return PredictorReport(results, (len(tr), len(va), len(te)), mlp, te, pred, history)
+
+
+def hat_proxies(
+    features: np.ndarray, qkv_dim: int = 512, *, src_len: int = 30, beam: int = 5
+) -> dict[str, np.ndarray]:
+    """The Mult-Adds proxies of rows of HAT's ten features: ``macs`` (HAT's count, the README's
+    FLOPs / 2, :func:`~effiformer.search.macs.features_macs`) and ``decoding_macs`` (the measured
+    decoding workload, :func:`~effiformer.search.macs.features_decoding_macs`)."""
+    from .macs import features_decoding_macs, features_macs
+
+    f = np.asarray(features, dtype=np.float64)
+    return {
+        "macs": np.array([features_macs(r, qkv_dim, src_len=src_len) for r in f]),
+        "decoding_macs": np.array(
+            [features_decoding_macs(r, qkv_dim, src_len=src_len, beam=beam) for r in f]
+        ),
+    }
 
 
 def save_predictor(model: LatencyPredictor, path: str | os.PathLike, **meta: Any) -> Path:
