@@ -50,9 +50,10 @@ __all__ = [
     "LatencyData",
     "LatencySettings",
     "build_latency_dataset",
+    "machine",
     "measure_subtransformer",
     "read_latency_csv",
-    "sample_generator",
+    "resumable_dataset",
 ]
 
 logger = logging.getLogger(__name__)
@@ -73,6 +74,14 @@ class LatencySettings:
     threads: int | None = 1
     device: str = "cpu"
     seed: int = 0
+
+
+def machine(device: str, threads: int | None) -> dict[str, Any]:
+    """Where a dataset is measured (recorded in its sidecar): versions, CPU/GPU, threads."""
+    from ..bench.harness import environment
+
+    dev = torch.device(device)
+    return environment(dev, "float32", threads or torch.get_num_threads(), peak=False)
 
 
 def measure_subtransformer(
@@ -184,14 +193,53 @@ def build_latency_dataset(
     see the module docstring) and return the dataset. With ``resume`` an existing dataset with
     the same settings is continued (rows beyond what both files hold are redone); without it an
     existing file is an error. ``measure``: replaces :func:`measure_subtransformer` (tests)."""
+    space = get_space(space)
+    meta = {
+        "settings": asdict(settings),
+        "space": space.to_dict(),
+        "format": "hat-latency-v1",
+        "environment": machine(settings.device, settings.threads),
+    }
+    measure = measure or (lambda sub: measure_subtransformer(sub, space, settings))
+
+    def draw(i: int) -> tuple[dict[str, Any], list[float]]:
+        sub = space.sample(sample_generator(settings.seed, i)).trimmed()
+        return {"sub": sub.to_dict()}, hat_features(sub)
+
+    def run(i: int, record: dict[str, Any]) -> list[float]:
+        lat = measure(SubTransformer.from_dict(record["sub"]))
+        return [lat.encoder_s * 1e3, lat.decoder_s * 1e3, lat.encoder_std_s * 1e3,
+                lat.decoder_std_s * 1e3]  # fmt: skip
+
+    resumable_dataset(
+        path, n, meta, [*FEATURE_NAMES, *LATENCY_COLUMNS], draw, run,
+        resume=resume, progress=progress, total=lambda v: v[0] + v[1],
+    )  # fmt: skip
+    return read_latency_csv(path)
+
+
+def resumable_dataset(
+    path: str | os.PathLike,
+    n: int,
+    meta: dict[str, Any],
+    header: list[str],
+    draw: Callable[[int], tuple[dict[str, Any], list[float]]],
+    measure: Callable[[int, dict[str, Any]], list[float]],
+    *,
+    resume: bool = True,
+    progress: bool = True,
+    total: Callable[[list[float]], float] | None = None,
+) -> None:
+    """The resumable CSV + sidecar writer behind every latency dataset: row ``i`` is
+    ``draw(i)`` -> (the sidecar record, the feature values), then ``measure(i, record)`` -> the
+    measured values; ``meta`` (the settings) must equal a resumed dataset's. Rows are appended
+    as they are measured (sidecar first), so a killed run loses at most the row in flight."""
     from tqdm.auto import tqdm
 
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive int, got {n!r}")
     path = Path(path)
-    space = get_space(space)
     side = _sidecar(path)
-    meta = {"settings": asdict(settings), "space": space.to_dict(), "format": "hat-latency-v1"}
     done = 0
     if path.exists() or side.exists():
         if not resume:
@@ -199,49 +247,46 @@ def build_latency_dataset(
         old_meta, recs = _read_sidecar(side) if side.exists() else (None, [])
         if old_meta is None:
             raise ValueError(f"{path} has no readable sidecar {side.name}: cannot resume it")
-        if old_meta.get("settings") != meta["settings"] or old_meta.get("space") != meta["space"]:
+        if {k: v for k, v in old_meta.items() if k != "environment"} != {
+            k: v for k, v in meta.items() if k != "environment"
+        }:
             raise ValueError(
                 f"{path} was measured with other settings or another space "
                 f"({old_meta.get('settings')}); use another path"
             )
         rows = _csv_rows(path) if path.exists() else []
         done = min(len(rows), len(recs), n)
-        _rewrite(path, side, meta, rows[:done], recs[:done])
+        _rewrite(path, side, header, old_meta, rows[:done], recs[:done])
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
-        _rewrite(path, side, meta, [], [])
-    measure = measure or (lambda sub: measure_subtransformer(sub, space, settings))
+        _rewrite(path, side, header, meta, [], [])
     bar = tqdm(total=n, initial=done, desc="latency", file=sys.stderr, disable=not progress)
     try:
         with open(path, "a") as fc, open(side, "a") as fs:
             for i in range(done, n):
-                sub = space.sample(sample_generator(settings.seed, i)).trimmed()
-                lat = measure(sub)
-                ms = [
-                    lat.encoder_s * 1e3,
-                    lat.decoder_s * 1e3,
-                    lat.encoder_std_s * 1e3,
-                    lat.decoder_std_s * 1e3,
-                ]
-                fs.write(json.dumps({"index": i, "sub": sub.to_dict(), "latency_ms": ms}) + "\n")
+                record, features = draw(i)
+                values = measure(i, record)
+                fs.write(json.dumps({"index": i, **record, "values": values}) + "\n")
                 fs.flush()
-                fc.write(",".join(_fmt(v) for v in (*hat_features(sub), *ms)) + "\n")
+                fc.write(",".join(_fmt(v) for v in (*features, *values)) + "\n")
                 fc.flush()
                 bar.update(1)
-                bar.set_postfix(ms=f"{ms[0] + ms[1]:.1f}", refresh=False)
+                if total is not None:
+                    bar.set_postfix(ms=f"{total(values):.2f}", refresh=False)
     finally:
         bar.close()
-    return read_latency_csv(path)
 
 
 def _fmt(v: float) -> str:
     return repr(float(v)) if not math.isclose(v, round(v)) else str(int(round(v)))
 
 
-def _rewrite(path: Path, side: Path, meta: dict, rows: list[str], recs: list[dict]) -> None:
+def _rewrite(
+    path: Path, side: Path, header: list[str], meta: dict, rows: list[str], recs: list[dict]
+) -> None:
     from ..checkpoint import atomic_write_bytes
 
-    header = ",".join((*FEATURE_NAMES, *LATENCY_COLUMNS))
-    atomic_write_bytes(path, "".join(line + "\n" for line in [header, *rows]).encode())
+    head = ",".join(header)
+    atomic_write_bytes(path, "".join(line + "\n" for line in [head, *rows]).encode())
     lines = [json.dumps(meta)] + [json.dumps(r) for r in recs]
     atomic_write_bytes(side, "".join(line + "\n" for line in lines).encode())
