@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from ..config import ConfigError
-from . import bench_cmd, eval_cmd, list_cmd, train_cmd
+from . import bench_cmd, eval_cmd, list_cmd, search_cmd, train_cmd
 
 __all__ = ["build_parser", "main"]
 
@@ -32,6 +32,7 @@ COMMANDS = {
     "bench": bench_cmd,
     "train": train_cmd,
     "eval": eval_cmd,
+    "search": search_cmd,
 }
 
 
@@ -42,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", metavar="{list,train,eval,bench}")
+    sub = parser.add_subparsers(dest="command", metavar="{list,train,eval,bench,search}")
     for module in COMMANDS.values():
         module.add_parser(sub)
     return parser

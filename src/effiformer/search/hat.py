@@ -19,6 +19,7 @@ with the translation task and :func:`effiformer.train.train`.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -31,7 +32,9 @@ from .features import hat_features
 from .predictor import LatencyPredictor
 
 __all__ = [
+    "load_supernet_run",
     "predicted_latency",
+    "result_record",
     "search_subtransformer",
     "validation_batches",
     "validation_loss",
@@ -130,3 +133,57 @@ def search_subtransformer(
         key=lambda sub: sub.trimmed(),
         **evolution,
     )
+
+
+def load_supernet_run(
+    run: str | os.PathLike, *, device: torch.device | str = "cpu"
+) -> tuple[SuperTransformer, Any, dict[str, Any]]:
+    """(SuperTransformer in eval mode, its tokenizer, the checkpoint meta) of a run directory or
+    checkpoint that trained a ``hat`` model on translation (``meta["pair"]``: its languages)."""
+    from ..checkpoint import load_checkpoint, resolve_checkpoint
+    from ..data.tokenizer import TOKENIZER_FILE, SubwordTokenizer, TokenizerError
+    from ..tasks.translation import read_pair
+
+    ckpt = resolve_checkpoint(run)
+    model, meta = load_checkpoint(ckpt, map_location=device)
+    if not isinstance(model, SuperTransformer):
+        raise ValueError(f"{ckpt} holds a {model.config.family!r} model, not a hat one")
+    if not (ckpt / TOKENIZER_FILE).is_file():
+        raise TokenizerError(f"{ckpt} has no {TOKENIZER_FILE} (was it trained on translation?)")
+    tokenizer = SubwordTokenizer.load(ckpt)
+    if tokenizer.vocab_size != model.config.vocab_size:
+        raise TokenizerError(
+            f"{ckpt}: the model has vocab_size={model.config.vocab_size} but its tokenizer "
+            f"{tokenizer.vocab_size}"
+        )
+    meta["pair"] = read_pair(ckpt)
+    return model.eval(), tokenizer, meta
+
+
+def result_record(result: SearchResult, qkv_dim: int) -> dict[str, Any]:
+    """A JSON-able summary of a HAT search: the best SubTransformer (ours and the official
+    ``.yml`` keys), its fitness, predicted latency, parameters and FLOPs (README conventions),
+    the per-iteration best and every distinct candidate scored (latency, fitness)."""
+    from .macs import subtransformer_macs, subtransformer_params
+
+    best: SubTransformer = result.best
+    return {
+        "limit_ms": result.limit,
+        "best": best.to_dict(),
+        "best_hat_yml": best.to_hat(),
+        "best_description": best.describe(),
+        "best_fitness": result.best_fitness,
+        "best_predicted_ms": result.best_latency,
+        "best_params": subtransformer_params(best, qkv_dim),
+        "best_gflops": subtransformer_macs(best, qkv_dim).flops / 1e9,
+        "draws": result.draws,
+        "iterations": [
+            {
+                "iteration": h["iteration"],
+                "best_fitness": h["best_fitness"],
+                "best_predicted_ms": h["best_latency"],
+            }
+            for h in result.history
+        ],  # fmt: skip
+        "evaluated": [[e.latency, e.fitness] for e in result.evaluated],
+    }

@@ -228,6 +228,8 @@ class PredictorReport:
     test_index: np.ndarray
     test_pred: np.ndarray
     history: list[dict[str, float]]
+    test_true: np.ndarray | None = None
+    baseline_pred: dict[str, np.ndarray] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"test": self.results, "split": list(self.sizes)}
@@ -271,17 +273,17 @@ def compare_predictors(
         feature_names=feature_names,
     )
     pred = mlp.predict(features[te])
-    lin = LinearFit.fit(features[tr], y[tr])
-    results = {
-        "mlp": errors(pred, y[te]),
-        "features_linear": errors(lin.predict(features[te]), y[te]),
-    }
+    base = {"features_linear": LinearFit.fit(features[tr], y[tr]).predict(features[te])}
     for name, values in proxies.items():
         v = np.asarray(values, dtype=np.float64)
         if v.shape != y.shape:
             raise ValueError(f"proxy {name!r} needs one value per row ({len(y)}), got {v.shape}")
-        results[f"{name}_linear"] = errors(LinearFit.fit(v[tr], y[tr]).predict(v[te]), y[te])
-    return PredictorReport(results, (len(tr), len(va), len(te)), mlp, te, pred, history)
+        base[f"{name}_linear"] = LinearFit.fit(v[tr], y[tr]).predict(v[te])
+    results = {"mlp": errors(pred, y[te])}
+    results.update({k: errors(b, y[te]) for k, b in base.items()})
+    return PredictorReport(
+        results, (len(tr), len(va), len(te)), mlp, te, pred, history, y[te], base
+    )
 
 
 def hat_proxies(
