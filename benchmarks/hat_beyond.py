@@ -89,9 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     fixed = parse_overrides(get_config(args.model), ["attention=local", f"seq_len={args.seq_len}"])
-    space = FamilySpace.create(
-        args.model, parse_choices(args.model, args.choices, fixed), fixed
-    )
+    space = FamilySpace.create(args.model, parse_choices(args.model, args.choices, fixed), fixed)
     settings = FamilySettings(workload="forward", seq_len=args.seq_len, runs=args.runs,
                               warmup=args.warmup, threads=args.threads, seed=args.seed)  # fmt: skip
     results = open(out / "results.jsonl", "w")
@@ -107,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     report, record = train_predictor_from_csv(
         out / "family.csv", out / "predictor.pt", steps=args.steps, lr=args.lr, seed=args.seed
     )
-    _write(results, {"kind": "predictor", **record})
+    _write(results, {**record, "kind": "predictor"})
     plot_predicted_vs_measured(
         report.test_true, report.test_pred, out / "predicted_vs_measured.png",
         title=f"{args.model} + local attention, T={args.seq_len} (test split)",
