@@ -5,7 +5,8 @@ HAT (Wang et al. 2020, arXiv 2005.14187, sec. 3.2 and ``mit-han-lab/hardware-awa
 encoder runs once and the decoder runs autoregressively for ``N`` steps with its incremental
 state (here: beam search with EOS forbidden until step ``N`` and forced there, so exactly ``N``
 decoder steps run whatever the weights); 5 warm-up runs, then ``runs`` timed runs, and the mean
-of the 10-90 % trimmed range. The model is in eval mode under ``torch.inference_mode``.
+of the 10-90 % trimmed range. The model is in eval mode under ``torch.inference_mode``;
+``threads`` pins torch's intra-op threads for the measurement (and restores them after).
 
 :func:`decoding_latency` returns the encoder and decoder times separately (HAT's predictor
 target is their sum), so latency predictors and the SuperTransformer search measure through
@@ -21,22 +22,32 @@ from typing import Any
 
 import torch
 
-__all__ = ["DecodingLatency", "decoding_latency", "trimmed_mean"]
+__all__ = ["DecodingLatency", "decoding_latency", "trimmed_mean", "trimmed_std"]
 
 
-def trimmed_mean(values: list[float], lo: float = 0.1, hi: float = 0.9) -> float:
-    """Mean of the sorted values between the ``lo`` and ``hi`` fractions (HAT: 10-90 %)."""
+def _trimmed(values: list[float], lo: float, hi: float) -> list[float]:
     if not values:
         raise ValueError("no values")
     v = sorted(values)
     a, b = int(len(v) * lo), max(int(len(v) * hi), int(len(v) * lo) + 1)
-    return statistics.fmean(v[a:b])
+    return v[a:b]
+
+
+def trimmed_mean(values: list[float], lo: float = 0.1, hi: float = 0.9) -> float:
+    """Mean of the sorted values between the ``lo`` and ``hi`` fractions (HAT: 10-90 %)."""
+    return statistics.fmean(_trimmed(values, lo, hi))
+
+
+def trimmed_std(values: list[float], lo: float = 0.1, hi: float = 0.9) -> float:
+    """Population standard deviation of the same trimmed range (HAT's ``np.std``)."""
+    return statistics.pstdev(_trimmed(values, lo, hi))
 
 
 @dataclass(frozen=True)
 class DecodingLatency:
     """Seconds per sentence (trimmed means): encoder, decoder (``steps`` steps of beam search)
-    and their sum; ``runs``: the timed runs, ``raw``: each run's total."""
+    and their sum; ``runs``: the timed runs, ``raw``: each run's total; ``encoder_std_s`` /
+    ``decoder_std_s``: the trimmed runs' spreads; ``threads``: the intra-op threads used."""
 
     encoder_s: float
     decoder_s: float
@@ -46,6 +57,9 @@ class DecodingLatency:
     beam: int
     runs: int
     raw: tuple[float, ...]
+    encoder_std_s: float = 0.0
+    decoder_std_s: float = 0.0
+    threads: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -66,10 +80,17 @@ def decoding_latency(
     warmup: int = 5,
     runs: int = 20,
     seed: int = 0,
+    threads: int | None = None,
 ) -> DecodingLatency:
     """Latency of translating one sentence of ``src_len`` tokens with beam ``beam`` for
-    ``steps`` decoder steps (default ``src_len``), as HAT measures it (module docstring)."""
+    ``steps`` decoder steps (default ``src_len``), as HAT measures it (module docstring).
+    ``threads``: torch intra-op threads during the measurement (None: as they are)."""
     from ..generation import beam_search
+
+    if threads is not None and (isinstance(threads, bool) or threads < 1):
+        raise ValueError(f"threads must be a positive int or None, got {threads!r}")
+    if runs < 1 or warmup < 0:
+        raise ValueError(f"runs must be >= 1 and warmup >= 0, got {runs}, {warmup}")
 
     cfg = model.config
     steps = src_len if steps is None else steps
@@ -86,6 +107,9 @@ def decoding_latency(
     src[0, -1] = cfg.eos_id
     src = src.to(device)
     enc_t, dec_t = [], []
+    old_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
     try:
         for i in range(warmup + runs):
             _sync(device)
@@ -105,6 +129,7 @@ def decoding_latency(
                 dec_t.append(t2 - t1)  # includes beam_search's own encoder pass, see below
     finally:
         model.train(was_training)
+        torch.set_num_threads(old_threads)
     enc = trimmed_mean(enc_t)
     # beam_search encodes the sentence itself; its decoder time is the rest.
     dec = max(trimmed_mean(dec_t) - enc, 0.0)
@@ -118,4 +143,7 @@ def decoding_latency(
         beam=beam,
         runs=runs,
         raw=totals,
+        encoder_std_s=trimmed_std(enc_t),
+        decoder_std_s=trimmed_std(dec_t),
+        threads=threads if threads is not None else old_threads,
     )

@@ -18,7 +18,7 @@ import argparse
 import os
 import sys
 
-from . import bench_cmd, eval_cmd, generate_cmd, list_cmd, train_cmd, translate_cmd
+from . import bench_cmd, eval_cmd, generate_cmd, list_cmd, search_cmd, train_cmd, translate_cmd
 from .common import EXIT_ERROR, EXIT_INTERRUPTED, report_error
 
 __all__ = ["build_parser", "main"]
@@ -49,6 +49,7 @@ COMMANDS = {
     "generate": generate_cmd,
     "translate": translate_cmd,
     "bench": bench_cmd,
+    "search": search_cmd,
 }
 
 

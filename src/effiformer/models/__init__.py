@@ -3,6 +3,7 @@
 from . import (  # noqa: F401  (registration, from this explicit list)
     compressive,
     funnel,
+    hat,
     lite,
     reformer,
     routing,

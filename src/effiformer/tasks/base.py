@@ -62,7 +62,8 @@ class Batch:
     def split(self, parts: int) -> list[Batch]:
         """``parts`` consecutive row slices (for gradient accumulation), as equal as can be
         (``torch.tensor_split``: the first ``rows % parts`` get one row more); each keeps its
-        rows' :attr:`weights`. Fewer rows than ``parts`` is an error."""
+        rows' :attr:`weights` and the batch's ``meta`` (what the update shares, e.g. HAT's sampled
+        SubTransformer). Fewer rows than ``parts`` is an error."""
         if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
             raise ValueError(f"parts must be a positive int, got {parts!r}")
         if self.rows < parts:
@@ -76,6 +77,7 @@ class Batch:
             Batch(
                 {k: v[i] for k, v in pieces.items()},
                 self.new_stream,
+                self.meta,
                 weights=None if weights is None else weights[i],
             )
             for i in range(parts)

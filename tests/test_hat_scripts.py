@@ -1,0 +1,101 @@
+"""The HAT benchmark scripts run end to end at tiny sizes (slow: a few minutes together; nothing
+here is timed or compared)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data" / "hat-latency"
+
+
+def _script(name):
+    spec = importlib.util.spec_from_file_location(
+        f"bench_{name}", ROOT / "benchmarks" / f"{name}.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+def _folder(d):
+    words = {"man": "Mann", "dog": "Hund", "red": "rot", "big": "groß", "a": "ein"}
+    keys = list(words)
+    for split, n, seed in (("train", 120, 0), ("val", 10, 1), ("test_2016_flickr", 6, 2)):
+        g = torch.Generator().manual_seed(seed)
+        src, tgt = [], []
+        for _ in range(n):
+            w = [keys[int(i)] for i in torch.randint(0, len(keys), (3,), generator=g)]
+            src.append(" ".join(w) + ".")
+            tgt.append(" ".join(words[x] for x in w) + ".")
+        (d / f"{split}.en").write_text("\n".join(src) + "\n")
+        (d / f"{split}.de").write_text("\n".join(tgt) + "\n")
+    return d
+
+
+@pytest.mark.slow
+def test_supernet_latency_and_search_scripts(tmp_path):
+    data = _folder(tmp_path)
+    sup = tmp_path / "super"
+    assert _script("hat_supernet_multi30k").main([
+        "--data", str(data), "--model", "hat-tiny", "--vocab-size", "80", "--steps", "3",
+        "--max-tokens", "120", "--eval-sentences", "2", "--threads", "1", "--out", str(sup),
+    ]) == 0  # fmt: skip
+    final = json.loads((sup / "results.jsonl").read_text().splitlines()[-1])
+    assert final["kind"] == "final" and final["step"] == 3
+    lat = tmp_path / "lat"
+    assert _script("hat_latency_multi30k").main([
+        "--space", "tiny", "--n", "12", "--runs", "1", "--warmup", "0", "--vocab-size", "64",
+        "--src-len", "6", "--steps", "30", "--out", str(lat),
+    ]) == 0  # fmt: skip
+    rec = json.loads((lat / "predictor.json").read_text())
+    assert rec["rows"] == 12 and "macs_linear" in rec["test"]
+    out = tmp_path / "search"
+    assert _script("hat_search_multi30k").main([
+        "--super", str(sup), "--predictor", str(lat / "predictor.pt"), "--limits", "1e6",
+        "--data", str(data), "--iterations", "1", "--population", "6", "--parents", "2",
+        "--mutations", "2", "--crossovers", "2", "--fitness-sentences", "4", "--train-steps",
+        "2", "--test-sentences", "3", "--runs", "1", "--warmup", "0", "--eval-sentences", "2",
+        "--dense", "n_layers=1 decoder_layers=1 dim=32 n_heads=2 ffn_dim=64", "--quiet",
+        "--inherited-bleu", "--out", str(out),
+    ]) == 0  # fmt: skip
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    kinds = [r["kind"] for r in rows]
+    assert kinds == ["environment", "search", "trained", "trained"]
+    assert rows[1]["best_predicted_ms"] <= 1e6 and "inherited" in rows[1]
+    assert {r["model"] for r in rows[2:]} == {"hat", "dense"}
+    assert all(r["measured_ms"] > 0 and "bleu" in r for r in rows[2:])
+    assert (out / "bleu_vs_latency.png").is_file()
+
+
+@pytest.mark.slow
+def test_beyond_script(tmp_path):
+    out = tmp_path / "beyond"
+    assert _script("hat_beyond").main([
+        "--model", "vanilla-tiny", "--choices", "attention.window=16,32", "n_layers=1,2",
+        "--seq-len", "64", "--n", "12", "--runs", "1", "--warmup", "0", "--steps", "30",
+        "--population", "5", "--iterations", "2", "--limits", "1e6", "--out", str(out),
+    ]) == 0  # fmt: skip
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [r["kind"] for r in rows] == ["environment", "dataset", "predictor", "search"]
+    assert rows[-1]["measured_ms"] > 0 and rows[-1]["best"]["n_layers"] in (1, 2)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not DATA.is_dir(), reason="HAT's latency files are not in ../shared/data")
+def test_predictor_released_script(tmp_path):
+    assert _script("hat_predictor_released").main([
+        "--data", str(DATA), "--devices", "xeon", "--steps", "20", "--out", str(tmp_path),
+    ]) == 0  # fmt: skip
+    rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert rows[1]["device"] == "xeon" and rows[1]["split"] == [1600, 200, 200]
