@@ -36,6 +36,7 @@ from typing import Any
 from .config import ConfigError
 
 __all__ = [
+    "ADAPTIVE_SPAN_RECIPE",
     "COMPRESSIVE_RECIPE",
     "FUNNEL_RECIPE",
     "LITE_IWSLT_RECIPE",
@@ -62,8 +63,10 @@ __all__ = [
 ]
 
 #: Optimisers :func:`effiformer.train.train` builds: ``adamw`` (decoupled weight decay,
-#: Loshchilov & Hutter 2019), ``adam`` (torch's Adam; weight decay is an L2 term), ``adagrad``.
-OPTIMIZERS = ("adamw", "adam", "adagrad")
+#: Loshchilov & Hutter 2019), ``adam`` (torch's Adam; weight decay is an L2 term), ``adagrad``,
+#: ``adagrad-clip`` (Adaptive Span's Adagrad whose ``clip`` shrinks each parameter tensor's step
+#: by its own gradient norm instead of clipping the global norm: :mod:`effiformer.optim`).
+OPTIMIZERS = ("adamw", "adam", "adagrad", "adagrad-clip")
 #: Schedules after the linear warmup: ``cosine`` to ``min_lr_ratio``, ``linear`` to
 #: ``min_lr_ratio``, ``constant``, ``inverse_sqrt`` (fairseq's: ``sqrt(warmup / step)``).
 SCHEDULES = ("cosine", "linear", "constant", "inverse_sqrt")
@@ -250,6 +253,26 @@ REFORMER_RECIPE = TrainRecipe(
     steps=100_000,
 )
 
+#: Adaptive Attention Span (Sukhbaatar et al. 2019, arXiv 1905.07799; official
+#: ``experiments/enwik8_small.sh`` / ``enwik8.sh``): Adagrad at lr 0.07 with the per-parameter
+#: step clip 0.03 (``--optim adagrad --grad-clip 0.03``, :class:`effiformer.optim.AdagradParamClip`),
+#: a linear warmup over 32,000 steps and then a constant lr (``--lr-warmup 32000``), no weight
+#: decay, 600,000 steps (``--niter 600 --nbatches 1000``). The span penalty (``--adapt-span-loss``)
+#: is the attention config's ``penalty``. Registered for the ``adaptive-span-*`` model names (their
+#: family is ``xl``, whose own recipe stays Transformer-XL's).
+ADAPTIVE_SPAN_RECIPE = TrainRecipe(
+    name="adaptive-span",
+    source="Sukhbaatar et al. 2019, experiments/enwik8*.sh",
+    optimizer="adagrad-clip",
+    lr=0.07,
+    eps=1e-10,
+    weight_decay=0.0,
+    warmup=32_000,
+    schedule="constant",
+    clip=0.03,
+    steps=600_000,
+)
+
 #: Lite Transformer, WMT'14 En-De (Wu et al. 2020, arXiv 2004.11886; official
 #: ``configs/wmt16.en-de/attention/multibranch_v2/embed{200,408,496}.yml``): Adam (0.9, 0.98)
 #: (fairseq's eps 1e-8), no weight decay, no clipping (``clip-norm 0``); fairseq's ``cosine``
@@ -415,7 +438,12 @@ def apply_recipe(
     )
 
 
-_OPTIMIZER_NAMES = {"adamw": "AdamW", "adam": "Adam", "adagrad": "Adagrad"}
+_OPTIMIZER_NAMES = {
+    "adamw": "AdamW",
+    "adam": "Adam",
+    "adagrad": "Adagrad",
+    "adagrad-clip": "Adagrad",
+}
 
 
 def describe_training(
@@ -426,7 +454,7 @@ def describe_training(
     v = values
     lr = float(v["lr"])
     parts = [f"{_OPTIMIZER_NAMES.get(v['optimizer'], v['optimizer'])} lr {lr:g}"]
-    if v["optimizer"] != "adagrad":
+    if not v["optimizer"].startswith("adagrad"):
         b1, b2 = v["betas"]
         parts.append(f"betas ({b1:g}, {b2:g})")
     parts.append(f"eps {float(v['eps']):g}")
@@ -443,7 +471,12 @@ def describe_training(
         )
     else:
         parts.append(f"warmup {v['warmup']}")
-    parts.append("no clipping" if not v["clip"] else f"clip {float(v['clip']):g}")
+    if not v["clip"]:
+        parts.append("no clipping")
+    elif v["optimizer"] == "adagrad-clip":
+        parts.append(f"per-parameter step clip {float(v['clip']):g}")
+    else:
+        parts.append(f"clip {float(v['clip']):g}")
     if not v["weight_decay"]:
         parts.append("no weight decay")
     else:

@@ -80,6 +80,7 @@ from .checkpoint import (
     save_run_checkpoint,
 )
 from .config import ConfigError
+from .optim import AdagradParamClip
 from .recipes import NO_DECAY_RULES, OPTIMIZERS, SCHEDULES
 
 __all__ = [
@@ -119,7 +120,8 @@ class TrainConfig:
     ``no_decay`` rule excludes (:data:`~effiformer.recipes.NO_DECAY_RULES`). ``schedule``: one of
     :data:`~effiformer.recipes.SCHEDULES` after ``warmup`` linear warmup steps, decaying to
     ``min_lr_ratio`` of ``lr`` (cosine, linear). ``clip``: max global gradient norm (None: no
-    clipping). The defaults are the project's GPT-2-style default (AdamW, betas (0.9, 0.99), weight
+    clipping; with ``optimizer="adagrad-clip"`` the per-parameter threshold that the optimiser
+    applies instead, :class:`~effiformer.optim.AdagradParamClip`). The defaults are the project's GPT-2-style default (AdamW, betas (0.9, 0.99), weight
     decay 0.1 on matrices, cosine to 0.1 of the peak, clip 1.0); ``effiformer train`` fills these
     fields from the family's recipe (:mod:`effiformer.recipes`).
     ``bf16``: autocast to bfloat16 (None: on for CUDA with bf16, off on CPU). ``eval_every`` /
@@ -529,6 +531,8 @@ def make_optimizer(module: nn.Module, config: TrainConfig) -> torch.optim.Optimi
         return torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps)
     if config.optimizer == "adam":
         return torch.optim.Adam(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps)
+    if config.optimizer == "adagrad-clip":
+        return AdagradParamClip(groups, lr=config.lr, eps=config.eps, clip=config.clip)
     return torch.optim.Adagrad(groups, lr=config.lr, eps=config.eps)
 
 
@@ -973,7 +977,7 @@ def _train(model: nn.Module, task: Any, config: TrainConfig, d: _Dist, stop: Any
                     if out.updates:
                         updates.append(out.updates)
                 grad_norm = aux_norm = None
-                if config.clip is not None:
+                if config.clip is not None and config.optimizer != "adagrad-clip":
                     grad_norm, aux_norm = clip_gradients(module, config.clip)
                     if not math.isfinite(grad_norm):  # raise before the update breaks the weights
                         raise diverged(f"the gradient norm is {grad_norm} at step {step + 1}")

@@ -65,8 +65,9 @@ Deliberate deviations:
 - ``degenerate_config`` sets ``eps = 0``: with the ramp inert the renormalisation is then
   exactly the identity and the part equals dense attention over the previous positions.
 
-Not here: the persistent-memory ("all-attention") variant of the same code base, and the
-Adagrad-with-per-parameter-clipping recipe (a trainer option; values in the report).
+Not here: the persistent-memory ("all-attention") variant of the same code base. The paper's
+Adagrad with per-parameter step clipping is ``effiformer.optim.AdagradParamClip``, the
+``adaptive-span-*`` models' recipe (``effiformer.recipes.ADAPTIVE_SPAN_RECIPE``).
 """
 
 from __future__ import annotations

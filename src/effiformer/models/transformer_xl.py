@@ -62,8 +62,9 @@ weights only; ``--emb-dropout`` is 0 in every script), ``init="torch"`` (PyTorch
 defaults; output biases start at zero rather than uniform), ``mem_len = S`` (the span sizes
 each layer's cache down, ``memory_len``). Remaining differences: the memory starts empty rather
 than as zeros (see the attention module), and the official optimiser (Adagrad, lr 0.07, linear
-warmup, per-parameter gradient clipping 0.03 inside the optimiser) is a training recipe, not
-part of the model. Registered: ``adaptive-span-tiny``, ``adaptive-span-small``
+warmup, per-parameter step clipping 0.03 inside the optimiser) is the training recipe these
+names register (``ADAPTIVE_SPAN_RECIPE``, ``effiformer.optim.AdagradParamClip``), not part of the
+model. Registered: ``adaptive-span-tiny``, ``adaptive-span-small``
 (``experiments/enwik8_small.sh``), ``adaptive-span-base`` (``enwik8.sh`` / ``text8.sh``),
 ``adaptive-span-large`` (``enwik8_large.sh``).
 """
@@ -86,7 +87,7 @@ from ..attention.relative_xl import RelativeXLConfig
 from ..config import ConfigError, ModelConfig, replace_config
 from ..layers import FeedForward, FIFOMemory, LayerStack, TransformerBlock, prefix_keys
 from ..layers.adaptive import AdaptiveInput, AdaptiveLogSoftmax, check_cutoffs
-from ..recipes import XL_RECIPE, register_recipe
+from ..recipes import ADAPTIVE_SPAN_RECIPE, XL_RECIPE, register_model_recipe, register_recipe
 from ..registry import build_model, register_family, register_model
 from .base import IGNORE_INDEX, EffiModel, ModelOutput, lm_loss
 
@@ -391,6 +392,7 @@ def reconfigure(model: TransformerXL, **overrides: Any) -> TransformerXL:
 
 register_family(XLConfig, build_xl)
 register_recipe("xl", XL_RECIPE)
+register_model_recipe("adaptive-span-*", ADAPTIVE_SPAN_RECIPE)
 
 _WT103 = {"vocab_size": 267735, "adaptive": True, "cutoffs": (20000, 40000, 200000)}
 
