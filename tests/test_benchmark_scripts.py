@@ -95,3 +95,32 @@ def test_sparse_speed_times_every_workload_interleaved(tmp_path):
         torch.set_num_threads(threads)
     names = {r["name"] for r in map(json.loads, out.read_text().splitlines())}
     assert {"sdpa", "vanilla-small", "sparse-bench-fixed-128"} <= names
+
+
+def test_lm_mechanisms_rows_build_the_named_attention_in_the_same_decoder():
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        rows = _script("lm_mechanisms_tinyshakespeare").ROWS
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from effiformer import create_model, get_config
+    from effiformer.config import parse_overrides
+
+    expected = {
+        "dense": "dense",
+        "sparse-strided": "sparse",
+        "sparse-fixed": "sparse",
+        "adaptive-span": "adaptive_span",
+        "routing": "routing",
+        "lsh": "lsh",
+    }
+    for row, (name, sets) in rows.items():
+        model = create_model(name, **parse_overrides(get_config(name), ["dropout=0.0", *sets]))
+        if row in expected:
+            assert name == "vanilla-small"
+            assert model.config.attention.name == expected[row], row
+        out = model(torch.randint(0, 256, (1, 64)))
+        assert out.logits.shape == (1, 64, model.config.vocab_size)
+    assert rows["sparse-strided"][1][1:] == ["attention.pattern=strided", "attention.stride=16"]
