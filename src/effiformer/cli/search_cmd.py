@@ -77,7 +77,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="HAT: source tokens and decoder steps (30 WMT, 23 IWSLT)")  # fmt: skip
     d.add_argument("--beam", type=_positive_int, default=5, help="HAT beam (default 5)")
     d.add_argument("--model", help="family search: a registered model name")
-    d.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+    d.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    help="family: fixed config overrides (e.g. attention=local seq_len=1024)")  # fmt: skip
     d.add_argument("--choices", nargs="*", default=[], metavar="KEY=V1,V2",
                    help="family: the hyper-parameters to search and their values")  # fmt: skip

@@ -110,10 +110,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--set",
-        action="append",
+        nargs="+",
+        action="extend",
         default=[],
         metavar="KEY=VALUE",
-        help="config override, repeatable (vocab_size comes from the data)",
+        help="config overrides, e.g. --set attention.name=local attention.window=64 (repeatable; "
+        "vocab_size comes from the data)",
     )
     p.add_argument("--seed", type=int, help="seed of weights, dropout and data order (default 0)")
     p.add_argument("--device", help="auto | cpu | cuda | cuda:N (default auto)")
