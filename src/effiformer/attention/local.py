@@ -10,8 +10,19 @@ previous block"). It is also what the public ``local-attention`` package compute
 (``window_size``, ``look_backward``, ``look_forward``).
 
 Cost: O(T * window * (1 + look_backward + look_forward)) time and memory per head, never
-O(T^2): the keys of each chunk's neighbourhood are gathered as a (chunks, (1 + b + f) * window)
-tile and one fused SDPA call handles every chunk.
+O(T^2). Two implementations of the same attention (``local_attention(strided=...)``):
+
+- *strided* (CPU, float32/64, no dropout, no key padding; the default where it applies): each
+  chunk's neighbourhood is a contiguous range of positions, so its keys and values are read in
+  place as an overlapping strided view of the (B, T, H, Dh) input by the CPU flash-attention
+  kernel that SDPA itself runs; a custom autograd node keeps q, k, v, the output and the
+  log-sum-exp only and runs that kernel's backward (scores recomputed block by block, as SDPA's
+  backward does), folding the neighbour gradients back group by group. The chunks at the ends,
+  whose neighbourhood is cut by the sequence, go one by one with their key range clipped (the
+  first chunk then computes w instead of 2w key columns: fewer FLOPs, same result).
+- *gathered* (any device, dropout, key padding): the neighbour keys and values are copied into
+  a (chunks, (1 + b + f) * window) tile and one SDPA call handles every chunk; its autograd
+  node keeps those tiles (2-3x the size of k and v).
 
 Deviations / choices: a sequence that is not a multiple of ``window`` is padded at the end (the
 padded keys are masked, the padded queries dropped); the neighbours of the first/last chunks that

@@ -89,6 +89,16 @@ Cost: scores O(T K d), selection O(T K), attention O(K w^2 d) = O(T w d) with ``
 k-means statistics O(T K d); no (T, T) tensor. ``clusters=None`` uses ``round(sqrt(seq_len))``
 clusters (the paper's O(n^1.5 d) choice); ``cluster_window=None`` uses ``w = ceil(T / K)``; the
 released configs fix both (enwik8 8k: 16 x 512).
+
+Memory (what the backward keeps): both head types read q, k, v in place, as views of the one
+fused Q/K/V projection. The local heads use the strided path of
+:func:`~effiformer.attention.local.local_attention`; the routing heads, where it applies (CPU,
+float32/64, no dropout, no key padding, shared indices under the causal mask), a custom node
+(:func:`routed_attention` ``strided``) that gathers the clusters group by group for the CPU
+flash-attention kernel, keeps the normalised q/k, v, the indices, the per-cluster outputs and
+log-sum-exps, and gathers again in the backward (an O(T d) copy; the attention FLOPs are SDPA's
+own). Elsewhere the gathered tiles go through SDPA's autograd as before. Same mathematics on both
+paths (``tests/attention/test_routing.py`` compares them with full-tensor references).
 """
 
 from __future__ import annotations
