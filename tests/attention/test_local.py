@@ -89,3 +89,115 @@ def test_invalid_config_is_named():
         LocalConfig(window=0)
     with pytest.raises(ConfigError, match="attention.look_backward"):
         LocalConfig(look_backward=-1)
+
+
+# ------------------------------------------------------------------ strided path (CPU kernel)
+
+
+def _strided_inputs(b, t, h, dh, seed):
+    """q, k, v as (B, T, H, Dh) views of one wider (B, T, 3 H Dh + 3) tensor (the layout of a
+    fused projection: rows are 3 H Dh + 3 apart), requiring grad through it."""
+    g = torch.Generator().manual_seed(seed)
+    wide = torch.randn(b, t, 3 * h * dh + 3, generator=g, dtype=torch.float64)
+    wide.requires_grad_()
+    q, k, v = (wide[..., i * h * dh : (i + 1) * h * dh].view(b, t, h, dh) for i in range(3))
+    return wide, q, k, v
+
+
+def _dense_local(q, k, v, window, back, fwd, causal, scale=None):
+    """Full (T, T) softmax attention under the chunk-neighbourhood mask, (B, T, H, Dh)."""
+    t, dh = q.shape[1], q.shape[3]
+    chunk = torch.arange(t) // window
+    d = chunk[None, :] - chunk[:, None]  # key chunk - query chunk
+    keep = (d >= -back) & (d <= fwd)
+    if causal:
+        keep = keep & (torch.arange(t)[None, :] <= torch.arange(t)[:, None])
+    s = torch.einsum("bihd,bjhd->bhij", q, k) * (dh**-0.5 if scale is None else scale)
+    p = torch.softmax(s.masked_fill(~keep, float("-inf")), dim=-1)  # (B, H, T, T)
+    return torch.einsum("bhij,bjhd->bihd", p, v)
+
+
+@pytest.mark.parametrize(
+    "causal,t,window,back,fwd",
+    [
+        (True, 200, 8, 1, 0),  # 25 chunks: full chunks in several groups, the first one alone
+        (True, 203, 8, 1, 0),  # a partial last chunk
+        (True, 90, 8, 2, 1),  # two chunks back; a later chunk is masked by causality
+        (False, 203, 8, 1, 1),  # bidirectional: the last chunks have missing or short neighbours
+        (False, 100, 16, 0, 2),
+        (True, 5, 8, 1, 0),  # one chunk shorter than the window
+    ],
+)
+def test_strided_path_equals_dense_attention_and_the_gathered_path(causal, t, window, back, fwd):
+    from effiformer.attention.local import local_attention, make_plan
+
+    plan = make_plan(t, window, back, fwd, causal=causal)
+    grad = torch.randn(2, t, 2, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    results = []
+    for path in ("dense", False, True):
+        wide, q, k, v = _strided_inputs(2, t, 2, 4, seed=0)
+        if path == "dense":
+            o = _dense_local(q, k, v, min(window, t), back, fwd, causal, scale=0.3)
+        else:
+            o = local_attention(q, k, v, plan, scale=0.3, strided=path)
+        (g,) = torch.autograd.grad(o, wide, grad)
+        results.append((o, g))
+    (o_ref, g_ref), gathered, strided = results
+    for o, g in (gathered, strided):
+        assert_close(o, o_ref, rtol=1e-12, atol=1e-12)
+        assert_close(g, g_ref, rtol=1e-12, atol=1e-12)  # dq, dk, dv through the views
+
+
+def test_strided_path_passes_gradcheck():
+    from effiformer.attention.local import local_attention, make_plan
+
+    plan = make_plan(21, 4, 1, 0, causal=True)  # 6 chunks, the last one partial
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (
+        torch.randn(1, 21, 2, 3, generator=g, dtype=torch.float64, requires_grad=True)
+        for _ in range(3)
+    )
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: local_attention(q, k, v, plan, strided=True), (q, k, v)
+    )
+
+
+def test_strided_path_says_why_it_cannot_take_a_call():
+    from effiformer.attention.local import local_attention, make_plan
+
+    plan = make_plan(16, 4, 1, 0, causal=True)
+    q = torch.randn(1, 16, 2, 4, dtype=torch.float64)
+    real = torch.ones(1, 16, dtype=torch.bool)
+    with pytest.raises(ValueError, match="key padding"):
+        local_attention(q, q, q, plan, key_padding=real, strided=True)
+    with pytest.raises(ValueError, match="dropout"):
+        local_attention(q, q, q, plan, dropout_p=0.1, strided=True)
+    with pytest.raises(ValueError, match="float32 or float64"):
+        local_attention(q.half(), q.half(), q.half(), plan, strided=True)
+
+
+def test_strided_path_keeps_no_neighbour_tiles_for_the_backward():
+    # What the autograd graph keeps: the caller's q, k, v (views: no new storage), the output
+    # (B, T, H, Dh) and the log-sum-exp (B, T, H). The gathered path also keeps the (chunks, 2w)
+    # neighbour keys and values: twice the size of k and v each.
+    from effiformer.attention.local import local_attention, make_plan
+
+    t, h, dh = 512, 2, 8
+    plan = make_plan(t, 32, 1, 0, causal=True)
+
+    def saved_bytes(strided):
+        wide, q, k, v = _strided_inputs(1, t, h, dh, seed=0)
+        storages = {}
+
+        def pack(x):
+            st = x.untyped_storage()
+            storages[st.data_ptr()] = st.nbytes()
+            return x
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+            local_attention(q, k, v, plan, strided=strided)
+        return sum(storages.values()) - wide.untyped_storage().nbytes()
+
+    out_bytes = t * h * dh * 8  # float64
+    assert saved_bytes(True) <= out_bytes + t * h * 8  # output + log-sum-exp
+    assert saved_bytes(False) >= 4 * out_bytes  # the 2w-wide keys and values

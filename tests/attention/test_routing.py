@@ -185,6 +185,151 @@ def test_routing_heads_reach_beyond_the_local_window_through_their_cluster():
     assert_close(a[0, 16:], b[0, 16:], rtol=0, atol=0)
 
 
+# ----------------------------------------------------------- strided paths (memory-lean nodes)
+
+
+def _dense_clusters(q, k, v, q_idx, k_idx, causal, scale):
+    """Routed attention on full (T, T) tensors: for each cluster c, its queries attend to its
+    keys (positions <= i when causal) by a masked softmax; a token's output is the mean over the
+    clusters choosing it as a query, zero when none does. (B, H, T, Dh)."""
+    b, h, t, _ = v.shape
+    s = scale * q @ k.transpose(-1, -2)  # (B, H, T, T)
+    later = torch.ones(t, t, dtype=torch.bool).triu(1)
+    total = torch.zeros_like(v)
+    count = torch.zeros(b, h, t, 1, dtype=v.dtype)
+    for c in range(q_idx.shape[2]):
+        qm = torch.zeros(b, h, t, dtype=torch.bool).scatter(2, q_idx[:, :, c], True)
+        km = torch.zeros(b, h, t, dtype=torch.bool).scatter(2, k_idx[:, :, c], True)
+        keep = qm[..., :, None] & km[..., None, :]
+        if causal:
+            keep = keep & ~later
+        p = torch.softmax(s.masked_fill(~keep, float("-inf")), -1).nan_to_num(0.0)
+        total = total + p @ v
+        count = count + qm[..., None].to(v.dtype)
+    return total / count.clamp_min(1.0)
+
+
+@pytest.mark.parametrize("shared,causal", [(True, True), (True, False), (False, False)])
+def test_strided_routed_attention_equals_the_dense_cluster_reference(shared, causal):
+    # T=64, 12 clusters of 9 (six groups of two in the strided node): some tokens chosen by
+    # several clusters, some by none; forward and gradients, float64.
+    g = torch.Generator().manual_seed(5)
+    b, h, t, dh, kc, w = 2, 2, 64, 8, 12, 9
+    mu = normalize_qk(torch.randn(h, kc, dh, generator=g, dtype=torch.float64), "layernorm")
+    q0 = torch.randn(b, h, t, dh, generator=g, dtype=torch.float64)
+    k0 = torch.randn(b, h, t, dh, generator=g, dtype=torch.float64)
+    v0 = torch.randn(b, h, t, dh, generator=g, dtype=torch.float64)
+    grad = torch.randn(b, h, t, dh, generator=g, dtype=torch.float64)
+    q_idx = route(torch.einsum("bhtd,hkd->bhkt", q0, mu), w)
+    k_idx = q_idx if shared else route(torch.einsum("bhtd,hkd->bhkt", k0, mu), w)
+    results = []
+    for path in ("dense", False, True):
+        q, k, v = (x.clone().requires_grad_() for x in (q0, k0, v0))
+        kk = q if shared else k
+        if path == "dense":
+            o = _dense_clusters(q, kk, v, q_idx, k_idx, causal, 0.7)
+        else:
+            o = routed_attention(q, kk, v, q_idx, k_idx, causal=causal, scale=0.7, strided=path)
+        inputs = (q, v) if shared else (q, k, v)
+        results.append((o, torch.autograd.grad(o, inputs, grad)))
+    (o_ref, g_ref), *paths = results
+    for o, grads in paths:
+        assert_close(o, o_ref, rtol=1e-12, atol=1e-12)
+        for a, want in zip(grads, g_ref, strict=True):
+            assert_close(a, want, rtol=1e-12, atol=1e-12)
+
+
+def test_strided_routed_attention_passes_gradcheck_and_names_what_it_cannot_take():
+    g = torch.Generator().manual_seed(6)
+    q, v = (torch.randn(1, 2, 10, 3, generator=g, dtype=torch.float64) for _ in range(2))
+    idx = route(torch.randn(1, 2, 3, 10, generator=g), 4)
+    q.requires_grad_(), v.requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda q, v: routed_attention(q, q, v, idx, idx, causal=True, scale=0.5, strided=True),
+        (q, v),
+    )
+    other = route(torch.randn(1, 2, 3, 10, generator=g), 4)
+    with pytest.raises(ValueError, match="unshared indices"):
+        routed_attention(q, v, v, idx, other, causal=True, strided=True)
+    with pytest.raises(ValueError, match="key padding"):
+        real = torch.ones(1, 10, dtype=torch.bool)
+        routed_attention(q, q, v, idx, idx, causal=True, real=real, strided=True)
+
+
+def _gathered_only(monkeypatch):
+    """Route every call of the local and routed attention to the gathered path."""
+    import effiformer.attention.local as local_mod
+    import effiformer.attention.routing as routing_mod
+
+    def never(*args, **kwargs):
+        return "forced off by the test"
+
+    monkeypatch.setattr(local_mod, "strided_unavailable", never)
+    monkeypatch.setattr(routing_mod, "strided_unavailable", never)
+
+
+@pytest.mark.parametrize("share_qk", [True, False])
+def test_layer_with_strided_paths_equals_the_gathered_layer(share_qk, monkeypatch):
+    # One training-mode layer at T=200 (13 local blocks of 16; 10 clusters of 20): output, aux,
+    # updates and every gradient agree with the gathered implementation (float64).
+    cfg = RoutingConfig(
+        routing_heads=2, window=16, clusters=10, share_qk=share_qk, qk_norm="layernorm"
+    )
+    x0 = torch.randn(2, 200, 32, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    runs = []
+    for gathered in (False, True):
+        if gathered:
+            _gathered_only(monkeypatch)
+        m = _part(cfg, dim=32, heads=4, causal=share_qk, max_len=200).double().train()
+        x = x0.clone().requires_grad_()
+        res = _run(m, x, AttentionMask(causal=share_qk))
+        (res.out.square().sum() + res.aux["commitment"]).backward()
+        grads = {"x": x.grad, **{n: p.grad for n, p in m.named_parameters()}}
+        runs.append((res, grads))
+    (a, ga), (b, gb) = runs
+    assert_close(a.out, b.out, rtol=1e-12, atol=1e-12)
+    assert_close(a.aux["commitment"], b.aux["commitment"], rtol=1e-12, atol=0)
+    for key in b.updates:
+        assert_close(a.updates[key], b.updates[key], rtol=1e-12, atol=1e-12)
+    assert set(ga) == set(gb)
+    for n in gb:
+        assert_close(ga[n], gb[n], rtol=1e-10, atol=1e-12)
+
+
+def test_layer_keeps_the_projection_and_attention_outputs_only_for_the_backward(monkeypatch):
+    # The autograd graph of one layer (2 local + 2 routing heads, T=1024, Dh 8, float64) keeps,
+    # in head-widths of T rows: the fused projection (q 4, k 2, v 4), the o_proj input (4), the
+    # local output (2), the per-cluster routed outputs (2), the normalised queries (2) and the
+    # commitment target (2): 22, plus per-row statistics (log-sum-exps, LayerNorm mean and rstd,
+    # counts: 1/8 head-width each at Dh 8) and the stacked weights. The gathered implementation
+    # also keeps copies of q, k, v, the (chunks, 2w) neighbour tiles and the gathered clusters.
+    t, dh = 1024, 8
+    cfg = RoutingConfig(routing_heads=2, window=64, clusters=32)
+
+    def saved_bytes():
+        m = _part(cfg, dim=32, heads=4, max_len=t).double().train()
+        x = torch.randn(1, t, 32, dtype=torch.float64, requires_grad=True)
+        storages = {}
+
+        def pack(z):
+            st = z.untyped_storage()
+            storages[st.data_ptr()] = st.nbytes()
+            return z
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda z: z):
+            res = _run(m, x, AttentionMask(causal=True))
+        assert res.out.shape == x.shape
+        storages.pop(x.untyped_storage().data_ptr(), None)
+        return sum(storages.values())
+
+    head_width = t * dh * 8
+    lean = saved_bytes()
+    assert lean <= 24 * head_width
+    _gathered_only(monkeypatch)
+    gathered = saved_bytes()
+    assert gathered >= 1.5 * lean
+
+
 # ------------------------------------------------------------------------------- k-means
 
 

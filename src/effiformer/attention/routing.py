@@ -89,6 +89,16 @@ Cost: scores O(T K d), selection O(T K), attention O(K w^2 d) = O(T w d) with ``
 k-means statistics O(T K d); no (T, T) tensor. ``clusters=None`` uses ``round(sqrt(seq_len))``
 clusters (the paper's O(n^1.5 d) choice); ``cluster_window=None`` uses ``w = ceil(T / K)``; the
 released configs fix both (enwik8 8k: 16 x 512).
+
+Memory (what the backward keeps): both head types read q, k, v in place, as views of the one
+fused Q/K/V projection. The local heads use the strided path of
+:func:`~effiformer.attention.local.local_attention`; the routing heads, where it applies (CPU,
+float32/64, no dropout, no key padding, shared indices under the causal mask), a custom node
+(:func:`routed_attention` ``strided``) that gathers the clusters group by group for the CPU
+flash-attention kernel, keeps the normalised q/k, v, the indices, the per-cluster outputs and
+log-sum-exps, and gathers again in the backward (an O(T d) copy; the attention FLOPs are SDPA's
+own). Elsewhere the gathered tiles go through SDPA's autograd as before. Same mathematics on both
+paths (``tests/attention/test_routing.py`` compares them with full-tensor references).
 """
 
 from __future__ import annotations
@@ -110,7 +120,14 @@ from .base import (
     PrepareContext,
     check_attention_inputs,
 )
-from .local import LocalPlan, local_attention, make_plan
+from .local import (
+    _FLASH_BWD,
+    _FLASH_FWD,
+    LocalPlan,
+    local_attention,
+    make_plan,
+    strided_unavailable,
+)
 from .registry import register_attention
 
 __all__ = [
@@ -290,6 +307,7 @@ def routed_attention(
     real: Tensor | None = None,
     scale: float = 1.0,
     dropout_p: float = 0.0,
+    strided: bool | None = None,
 ) -> Tensor:
     """Attention within clusters, scattered back to positions.
 
@@ -298,10 +316,24 @@ def routed_attention(
     key padding (True = real). Query ``i`` of cluster ``c`` attends to the keys of cluster ``c``
     at positions ``<= i`` (causal) that are real. Returns (B, H, T, Dh): each token's mean over
     the clusters that chose it as a query (and gave it at least one key), zero for the others.
+
+    ``strided``: gather the clusters group by group inside one autograd node that keeps q, k, v
+    (the caller's tensors), the indices, the per-cluster outputs and log-sum-exp only, and
+    gathers again in the backward (CPU, float32/64, no dropout, no key padding, and under the
+    causal mask shared indices: :func:`strided_unavailable`); ``False``: gather once and let
+    autograd keep the gathered tiles; ``None``: strided when it can. Same kernel, same result.
     """
     b, h, t, dh = v.shape
     kk, w = q_idx.shape[2], q_idx.shape[3]
     shared = q_idx is k_idx or torch.equal(q_idx, k_idx)
+    why = strided_unavailable(q, dropout_p=dropout_p, key_padding=real)
+    if why is None and causal and not shared:
+        why = "unshared indices need the positional causal mask (the gathered path builds it)"
+    if strided and why is not None:
+        raise ValueError(f"strided routed attention cannot take this call: {why}")
+    if strided is not False and why is None:
+        same = shared and k is q
+        return _StridedRouted.apply(q, k, v, q_idx, q_idx if shared else k_idx, causal, scale, same)
     qg = _gather(q, q_idx).view(b * h, kk, w, dh)  # (B*H, K, w, Dh)
     kg = qg if (shared and k is q) else _gather(k, k_idx).view(b * h, kk, w, dh)
     vg = _gather(v, k_idx).view(b * h, kk, w, dh)
@@ -341,6 +373,79 @@ def routed_attention(
     out = o.new_zeros(b, h, t, dh).scatter_add(2, flat[..., None].expand(b, h, kk * w, dh), o)
     count = o.new_zeros(b, h, t).scatter_add(2, flat, weight)  # (B, H, T)
     return out / count.clamp_min(1.0)[..., None]
+
+
+class _StridedRouted(torch.autograd.Function):
+    """Routed attention without keeping the gathered tiles (see :func:`routed_attention`):
+    clusters go through the CPU flash kernel in groups; the backward gathers each group again
+    and runs the kernel's backward (what SDPA's autograd node runs), then scatters. The kernel
+    sees each cluster as a batch row of one head, so its outputs are laid out (B, H, Kg, w, Dh)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, q_idx, k_idx, causal: bool, scale: float, same: bool):
+        b, h, t, dh = v.shape
+        kk, w = q_idx.shape[2], q_idx.shape[3]
+        groups = _cluster_groups(kk)
+        out = v.new_zeros(b, h, t, dh)  # (B, H, T, Dh): sum over the clusters choosing t
+        count = v.new_zeros(b, h, t)
+        outs, lses = [], []
+        for c0, c1 in groups:
+            m = c1 - c0
+            qi, ki = q_idx[:, :, c0:c1], k_idx[:, :, c0:c1]  # (B, H, Kg, w)
+            qg = _gather(q, qi).view(b * h * m, 1, w, dh)  # (B*H*Kg, 1, w, Dh)
+            kg = qg if same else _gather(k, ki).view(b * h * m, 1, w, dh)
+            vg = _gather(v, ki).view(b * h * m, 1, w, dh)
+            o, lg = _FLASH_FWD(qg, kg, vg, 0.0, causal, scale=scale)  # (B*H*Kg, 1, w, Dh)
+            qf = qi.reshape(b, h, m * w)
+            out.scatter_add_(2, qf[..., None].expand(b, h, m * w, dh), o.view(b, h, m * w, dh))
+            count.scatter_add_(2, qf, v.new_ones(b, h, m * w))
+            outs.append(o)
+            lses.append(lg)
+            del qg, kg, vg
+        count = count.clamp_min(1.0)  # (B, H, T)
+        out.div_(count[..., None])
+        ctx.save_for_backward(q, k, v, q_idx, k_idx, count, *outs, *lses)
+        ctx.causal, ctx.scale, ctx.same, ctx.groups = causal, scale, same, groups
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, q_idx, k_idx, count, *rest = ctx.saved_tensors
+        groups = ctx.groups
+        outs, lses = rest[: len(groups)], rest[len(groups) :]
+        b, h, t, dh = v.shape
+        w = q_idx.shape[3]
+        same = ctx.same
+        dq = q.new_zeros(b, h, t, dh)
+        dk = None if same else k.new_zeros(b, h, t, dh)
+        dv = v.new_zeros(b, h, t, dh)
+        for (c0, c1), o, lg in zip(groups, outs, lses, strict=True):
+            m = c1 - c0
+            qi, ki = q_idx[:, :, c0:c1], k_idx[:, :, c0:c1]  # (B, H, Kg, w)
+            qf = qi.reshape(b, h, m * w, 1).expand(b, h, m * w, dh)
+            kf = ki.reshape(b, h, m * w, 1).expand(b, h, m * w, dh)
+            # d(sum / count): the output gradient over the count, gathered per cluster
+            go = grad.gather(2, qf) / count.gather(2, qi.reshape(b, h, m * w))[..., None]
+            qg = _gather(q, qi).view(b * h * m, 1, w, dh)  # (B*H*Kg, 1, w, Dh)
+            kg = qg if same else _gather(k, ki).view(b * h * m, 1, w, dh)
+            vg = _gather(v, ki).view(b * h * m, 1, w, dh)
+            gq, gk, gv = _FLASH_BWD(
+                go.view(b * h * m, 1, w, dh), qg, kg, vg, o, lg, 0.0, ctx.causal, scale=ctx.scale
+            )  # (B*H*Kg, 1, w, Dh) x 3
+            if same:
+                gq = gq + gk
+            else:
+                dk.scatter_add_(2, kf, gk.view(b, h, m * w, dh))
+            dq.scatter_add_(2, qf, gq.view(b, h, m * w, dh))
+            dv.scatter_add_(2, kf, gv.view(b, h, m * w, dh))
+            del go, qg, kg, vg, gq, gk, gv
+        return dq, dk, dv, None, None, None, None, None
+
+
+def _cluster_groups(k: int) -> list[tuple[int, int]]:
+    """About 8 groups of consecutive clusters (bounded transients for the gathered tiles)."""
+    g = max(1, -(-k // 8))
+    return [(c0, min(k, c0 + g)) for c0 in range(0, k, g)]
 
 
 # ------------------------------------------------------------------------------------ the part
@@ -505,56 +610,54 @@ class RoutingAttention(AttentionPart):
         h, dh, hr = self.dims.n_heads, self.dims.head_dim, self.n_routing
         real = None if mask is None else mask.key_padding
         p = self.dims.dropout if self.training else 0.0
-        q, k, v = self._qkv(x)  # (B, T, H, Dh), (B, T, H_k, Dh) or None, (B, T, H, Dh)
-        outs: list[Tensor] = []
+        q_r, q_l, k_r, k_l, v_r, v_l = self._qkv(x)  # (B, T, H_part, Dh) views, k_r None if shared
         aux: dict[str, Tensor] = {}
         updates: dict[str, Tensor] = {}
-        hl = self.n_local
-        # split, not slicing: the backward concatenates instead of zero-filling once per slice
-        q_r, q_l = q.split([hr, hl], dim=2)  # (B, T, H_r, Dh), (B, T, H_l, Dh)
-        v_r, v_l = v.split([hr, hl], dim=2)
-        k_r, k_l = None, k  # shared QK: k holds the local heads' keys only
-        if k is not None and not self.share_qk:
-            k_r, k_l = k.split([hr, hl], dim=2)
+        outs: list[Tensor] = []
         if hr:
-            kr = None if k_r is None else k_r.transpose(1, 2)  # (B, H_r, T, Dh)
-            o, aux, updates = self._routing(
-                q_r.transpose(1, 2).contiguous(),
-                kr,
-                v_r.transpose(1, 2).contiguous(),
-                real,
-                positions,
-                p,
-            )  # (B, H_r, T, Dh)
+            o, aux, updates = self._routing(q_r, k_r, v_r, real, positions, p)  # (B, H_r, T, Dh)
             outs.append(o.transpose(1, 2))  # (B, T, H_r, Dh)
-        if hl:
-            q_l, k_l, v_l = q_l.contiguous(), k_l.contiguous(), v_l.contiguous()
+        if self.n_local:
+            # the local heads read q, k, v in place (views of the projection: no copies)
             o = local_attention(q_l, k_l, v_l, positions.local, key_padding=real, dropout_p=p)
             outs.append(o)  # (B, T, H_l, Dh)
-        o = torch.cat(outs, dim=2).reshape(b, t, h * dh)
+        del o
+        o = torch.cat(outs, dim=2).reshape(b, t, h * dh)  # (B, T, H*Dh)
+        del outs  # the routing output is not needed beyond the concatenation
         return AttentionOutput(out=self.o_proj(o), aux=aux, updates=updates)
 
-    def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor | None, Tensor]:
+    def _qkv(self, x: Tensor) -> list[Tensor | None]:
         """The Q, K, V projections of x (B, T, D) as one matmul over the stacked weights (one
-        pass over x forward and backward instead of three)."""
+        pass over x forward and backward instead of three), cut by one split into the routing
+        and local heads' parts ``q_r, q_l, k_r, k_l, v_r, v_l`` (B, T, H_part, Dh): the backward
+        concatenates their gradients once. ``k_r`` is None under shared QK; ``k_l`` without
+        local heads when no head has its own keys."""
         b, t, _ = x.shape
-        dh = self.dims.head_dim
+        dh, hr, hl = self.dims.head_dim, self.n_routing, self.n_local
         projs = [p for p in (self.q_proj, self.k_proj, self.v_proj) if p is not None]
         weight = torch.cat([p.weight for p in projs])
         bias = None if projs[0].bias is None else torch.cat([p.bias for p in projs])
-        sizes = [p.out_features for p in projs]
-        parts = F.linear(x, weight, bias).split(sizes, dim=-1)
-        q, v = parts[0], parts[-1]
-        k = parts[1] if self.k_proj is not None else None
-        q, v = q.view(b, t, -1, dh), v.view(b, t, -1, dh)
-        return q, (None if k is None else k.view(b, t, -1, dh)), v
+        heads = [hr, hl]
+        if self.k_proj is not None:  # rows: routing heads' keys (unshared only), local heads'
+            heads += [0 if self.share_qk else hr, hl]
+        heads += [hr, hl]
+        parts = F.linear(x, weight, bias).split([n * dh for n in heads], dim=-1)
+        out: list[Tensor | None] = [
+            p.view(b, t, n, dh) for p, n in zip(parts, heads, strict=True)
+        ]  # (B, T, H_part, Dh)
+        if self.k_proj is None:
+            out[2:2] = [None, None]
+        if self.share_qk:
+            out[2] = None
+        return out
 
     def _routing(self, q, k, v, real, plan: RoutingPlan, dropout_p: float):
-        """q, k (or None: shared), v: (B, H_r, T, Dh) -> out (B, H_r, T, Dh), aux, updates."""
+        """q, k (or None: shared), v: (B, T, H_r, Dh) -> out (B, H_r, T, Dh), aux, updates."""
         cfg = self.config
-        t = q.shape[2]
-        qn = normalize_qk(q, cfg.qk_norm)
-        kn = qn if k is None else normalize_qk(k, cfg.qk_norm)
+        t = q.shape[1]
+        qn = normalize_qk(q, cfg.qk_norm).transpose(1, 2)  # (B, H_r, T, Dh)
+        kn = qn if k is None else normalize_qk(k, cfg.qk_norm).transpose(1, 2)
+        v = v.transpose(1, 2)  # (B, H_r, T, Dh), a view
         mu = self.centroids().to(qn.dtype)  # (H_r, K, Dh)
         w = self.cluster_window(t)
         with torch.no_grad():
