@@ -163,7 +163,9 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join([sys.executable, *sys.argv]),
         "model": args.model,
         "params": sum(p.numel() for p in model.parameters()),
-        "overrides": overrides,
+        "overrides": {
+            k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in overrides.items()
+        },
         "threads": threads,
         "corpus": corpus.name,
         "fingerprint": corpus.fingerprint,
