@@ -675,6 +675,9 @@ def test_ctrl_c_prints_one_line_keeps_finished_cells_and_exits_130(tmp_path):
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         start_new_session=True,  # its own process group, as a terminal's foreground job
+        # as from a terminal: a suite started in the background (``cmd &`` without job
+        # control) runs with SIGINT ignored, which a child would inherit
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     results = out / "results.jsonl"
     deadline = time.monotonic() + 120

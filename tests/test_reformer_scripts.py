@@ -40,7 +40,8 @@ def test_duplication_script_trains_lsh_1_and_evaluates_several_hash_counts(tmp_p
     assert all(0.0 <= r["accuracy"] <= 1.0 and r["tokens"] == 4 * 15 for r in lines[2:])
 
 
-def test_lm_vs_dense_script_records_every_model(tmp_path):
+def test_lm_vs_dense_script_records_every_model(tmp_path, data_env):
+    data_env("tinyshakespeare/input.txt")  # the script's corpus, resolved when it is loaded
     threads = torch.get_num_threads()
     try:
         assert _script("reformer_lm_vs_dense").main([

@@ -573,11 +573,11 @@ def _span_modules(model: nn.Module) -> Iterable[tuple[str, AdaptiveSpanAttention
 
 def span_report(model: nn.Module) -> list[dict[str, Any]]:
     """One row per adaptive-span layer and head: ``module`` (its name in the model), ``layer``,
-    ``head``, ``p``, ``span`` (z = p S), ``reach`` (the distance at which the mask reaches 0,
-min(S, z + R): keys closer than it have a non-zero weight, the key at distance z + R has weight
-exactly 0, so at z = 0 the R - 1 nearest keys carry weight),
-    ``max_span`` (S), ``window`` (the layer's trimmed window) and ``memory`` (past states the
-    layer's FIFO memory keeps at the configured S, i.e. ``memory_len(S)``)."""
+        ``head``, ``p``, ``span`` (z = p S), ``reach`` (the distance at which the mask reaches 0,
+    min(S, z + R): keys closer than it have a non-zero weight, the key at distance z + R has weight
+    exactly 0, so at z = 0 the R - 1 nearest keys carry weight),
+        ``max_span`` (S), ``window`` (the layer's trimmed window) and ``memory`` (past states the
+        layer's FIFO memory keeps at the configured S, i.e. ``memory_len(S)``)."""
     rows = []
     for name, m in _span_modules(model):
         c = m.config

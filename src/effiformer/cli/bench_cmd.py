@@ -182,16 +182,22 @@ def _check_part_flags(args: argparse.Namespace) -> str | None:
 
 
 def _interrupted(e: BenchInterrupted | None, out: str) -> int:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C cannot break the message
-    if e is None:
-        print("\neffiformer bench: interrupted before any cell finished", file=sys.stderr)
-    else:
-        n = len(e.result.records)
-        print(
-            f"\neffiformer bench: interrupted after {n} of {e.total} cells; the finished cells "
-            f"are in {e.result.results_path} (rerun with --append to add the rest)",
-            file=sys.stderr,
-        )
+    # A second Ctrl-C cannot break the message; the handler comes back afterwards, so that a
+    # caller of main() in the same process (and every process it starts later, which would
+    # inherit an ignored SIGINT) still stops on Ctrl-C.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        if e is None:
+            print("\neffiformer bench: interrupted before any cell finished", file=sys.stderr)
+        else:
+            n = len(e.result.records)
+            print(
+                f"\neffiformer bench: interrupted after {n} of {e.total} cells; the finished "
+                f"cells are in {e.result.results_path} (rerun with --append to add the rest)",
+                file=sys.stderr,
+            )
+    finally:
+        signal.signal(signal.SIGINT, previous)
     return 130
 
 
