@@ -26,6 +26,7 @@ from ..bench import (
     load_plugin,
     run_bench,
 )
+from .common import nonneg_int, positive_float, positive_int
 
 #: Measured wall time of the default set (``effiformer bench``), see benchmarks/README.md.
 DEFAULT_SET_TIME = "about 90 s on 2 idle CPU cores"
@@ -54,36 +55,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     _add_arguments(p)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
-
-
-def _nonneg_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return v
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return v
-
-
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "names", nargs="*", metavar="NAME",
@@ -92,10 +63,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         f"{DEFAULT_SET_TIME})",
     )  # fmt: skip
     p.add_argument(
-        "--lengths", nargs="+", type=_positive_int, default=None, metavar="T",
+        "--lengths", nargs="+", type=positive_int, default=None, metavar="T",
         help=f"sequence lengths (default: {' '.join(map(str, DEFAULT_LENGTHS))})",
     )  # fmt: skip
-    p.add_argument("--batch", type=_positive_int, default=1, help="batch size (default: 1)")
+    p.add_argument("--batch", type=positive_int, default=1, help="batch size (default: 1)")
     p.add_argument(
         "--part", choices=["model", "attention", "both", "decoding"], default=None,
         help="whole model, one attention layer (model.attention_part), both, or decoding "
@@ -103,14 +74,14 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "(default: model when names are given, both for the default set)",
     )  # fmt: skip
     p.add_argument(
-        "--src-len", dest="src_lens", nargs="+", type=_positive_int, default=None, metavar="N",
+        "--src-len", dest="src_lens", nargs="+", type=positive_int, default=None, metavar="N",
         help="--part decoding: source lengths in tokens (default: 30)",
     )  # fmt: skip
     p.add_argument(
-        "--beam", type=_positive_int, default=None, help="--part decoding: beam size (default: 5)"
+        "--beam", type=positive_int, default=None, help="--part decoding: beam size (default: 5)"
     )
     p.add_argument(
-        "--steps", type=_positive_int, default=None,
+        "--steps", type=positive_int, default=None,
         help="--part decoding: decoder steps per sentence (default: the source length)",
     )  # fmt: skip
     p.add_argument(
@@ -126,16 +97,16 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="default: cpu")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32", help="default: float32")
     p.add_argument(
-        "--threads", type=_positive_int, default=None,
+        "--threads", type=positive_int, default=None,
         help=f"intra-op threads per cell (default: torch's, here {torch.get_num_threads()})",
     )  # fmt: skip
     p.add_argument(
-        "--repeats", type=_positive_int, default=None,
+        "--repeats", type=positive_int, default=None,
         help=f"timed runs (median; default {DEFAULT_REPEATS}; --part decoding: {DECODING_RUNS}, "
         "trimmed mean)",
     )  # fmt: skip
     p.add_argument(
-        "--warmup", type=_nonneg_int, default=None,
+        "--warmup", type=nonneg_int, default=None,
         help=f"plain warm-up runs after the two FLOP-counting passes (default: {DEFAULT_WARMUP}; "
         f"--part decoding: {DECODING_WARMUP})",
     )  # fmt: skip
@@ -151,7 +122,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         help="import a module or .py file that registers references (repeatable)",
     )  # fmt: skip
     p.add_argument(
-        "--max-memory-mib", type=_positive_float, default=None,
+        "--max-memory-mib", type=positive_float, default=None,
         help="skip cells whose estimated memory exceeds this (default: available memory)",
     )  # fmt: skip
     p.add_argument(
@@ -160,7 +131,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "getrusage difference); auto picks clear_refs when /proc allows (default)",
     )  # fmt: skip
     p.add_argument(
-        "--cell-timeout", type=_positive_float, default=1800.0,
+        "--cell-timeout", type=positive_float, default=1800.0,
         help="seconds before a cell is killed and reported as skipped (default: 1800)",
     )  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")

@@ -18,6 +18,9 @@ from typing import Any
 from ..progress import TqdmLoggingHandler
 
 __all__ = [
+    "nonneg_int",
+    "positive_float",
+    "positive_int",
     "EXIT_ERROR",
     "EXIT_FAILED",
     "EXIT_INTERRUPTED",
@@ -194,3 +197,36 @@ def report_error(command: str | None, error: BaseException) -> int:
         file=sys.stderr,
     )
     return EXIT_FAILED
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type=``: an integer >= 1, else a usage error naming the value."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
+
+
+def nonneg_int(text: str) -> int:
+    """argparse ``type=``: an integer >= 0."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return v
+
+
+def positive_float(text: str) -> float:
+    """argparse ``type=``: a number > 0."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return v

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from ..config import parse_overrides
-from .common import setup_logging
+from .common import positive_float, positive_int, setup_logging
 
 EPILOG = """examples:
   effiformer search latency-data --space multi30k --n 300 --out runs/hat/lat.csv
@@ -26,26 +26,6 @@ EPILOG = """examples:
   effiformer search predictor runs/fam/lat.csv --out runs/fam/pred.pt
   effiformer search evolve --family-data runs/fam/lat.csv --predictor runs/fam/pred.pt \\
       --latency-ms 150 --out runs/fam/evo.json"""
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return v
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -64,7 +44,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Sample architectures, build each, time it; append rows to a CSV (resumable).",
     )
     d.add_argument("--out", required=True, help="the CSV (a sidecar OUT.jsonl is written beside)")
-    d.add_argument("--n", type=_positive_int, default=300, help="rows in all (default 300)")
+    d.add_argument("--n", type=positive_int, default=300, help="rows in all (default 300)")
     d.add_argument(
         "--space", default="multi30k",
         help="HAT: the training space (wmt, iwslt, multi30k, tiny) whose wider latency space is "
@@ -72,10 +52,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     d.add_argument("--training-space", action="store_true",
                    help="HAT: sample the training space itself, not the wider latency space")  # fmt: skip
-    d.add_argument("--vocab-size", type=_positive_int, default=8000, help="HAT output layer")
-    d.add_argument("--src-len", type=_positive_int, default=30,
+    d.add_argument("--vocab-size", type=positive_int, default=8000, help="HAT output layer")
+    d.add_argument("--src-len", type=positive_int, default=30,
                    help="HAT: source tokens and decoder steps (30 WMT, 23 IWSLT)")  # fmt: skip
-    d.add_argument("--beam", type=_positive_int, default=5, help="HAT beam (default 5)")
+    d.add_argument("--beam", type=positive_int, default=5, help="HAT beam (default 5)")
     d.add_argument("--model", help="family search: a registered model name")
     d.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    help="family: fixed config overrides (e.g. attention=local seq_len=1024)")  # fmt: skip
@@ -83,14 +63,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="family: the hyper-parameters to search and their values")  # fmt: skip
     d.add_argument("--workload", choices=("forward", "generate"), default="forward",
                    help="family: one segment's forward or per-token generation")  # fmt: skip
-    d.add_argument("--seq-len", type=_positive_int, default=1024,
+    d.add_argument("--seq-len", type=positive_int, default=1024,
                    help="family: segment (forward) or prompt (generate) length")  # fmt: skip
-    d.add_argument("--new-tokens", type=_positive_int, default=32, help="family: generate")
+    d.add_argument("--new-tokens", type=positive_int, default=32, help="family: generate")
     d.add_argument("--warmup", type=int, default=None, help="untimed runs (HAT 5, family 2)")
-    d.add_argument(
-        "--runs", type=_positive_int, default=None, help="timed runs (HAT 20, family 10)"
-    )
-    d.add_argument("--threads", type=_positive_int, default=1, help="torch threads (default 1)")
+    d.add_argument("--runs", type=positive_int, default=None, help="timed runs (HAT 20, family 10)")
+    d.add_argument("--threads", type=positive_int, default=1, help="torch threads (default 1)")
     d.add_argument("--device", default="cpu", help="cpu | cuda (default cpu)")
     d.add_argument("--seed", type=int, default=0, help="of the samples (default 0)")
     d.add_argument("--no-resume", action="store_true", help="refuse an existing OUT")
@@ -105,10 +83,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--plot", help="predicted-vs-measured PNG of the test split")
     r.add_argument("--hat-device", choices=("xeon", "titanxp", "raspberrypi"),
                    help="HAT's official feature and latency norms for its released files")  # fmt: skip
-    r.add_argument("--lat-norm", type=_positive_float, help="latency scale (default: mean)")
-    r.add_argument("--steps", type=_positive_int, default=5000, help="default 5000 (HAT)")
-    r.add_argument("--lr", type=_positive_float, default=1e-5, help="default 1e-5 (HAT)")
-    r.add_argument("--batch", type=_positive_int, default=128, help="default 128 (HAT)")
+    r.add_argument("--lat-norm", type=positive_float, help="latency scale (default: mean)")
+    r.add_argument("--steps", type=positive_int, default=5000, help="default 5000 (HAT)")
+    r.add_argument("--lr", type=positive_float, default=1e-5, help="default 1e-5 (HAT)")
+    r.add_argument("--batch", type=positive_int, default=128, help="default 128 (HAT)")
     r.add_argument("--seed", type=int, default=0, help="split and initialisation (default 0)")
 
     e = steps.add_parser(
@@ -119,18 +97,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument("run", nargs="?", help="a SuperTransformer run directory or checkpoint")
     e.add_argument("--family-data", help="family search: its latency CSV (the space is in it)")
     e.add_argument("--predictor", required=True, help="the latency predictor (predictor --out)")
-    e.add_argument("--latency-ms", type=_positive_float, required=True, help="the limit")
+    e.add_argument("--latency-ms", type=positive_float, required=True, help="the limit")
     e.add_argument("--data", help="HAT: parallel data folder (default: the run's)")
     e.add_argument("--split", default="valid", help="HAT: fitness split (default valid)")
-    e.add_argument("--sentences", type=_positive_int, default=500,
+    e.add_argument("--sentences", type=positive_int, default=500,
                    help="HAT: validation pairs the fitness uses (default 500)")  # fmt: skip
-    e.add_argument("--population", type=_positive_int, default=125)
-    e.add_argument("--parents", type=_positive_int, default=25)
+    e.add_argument("--population", type=positive_int, default=125)
+    e.add_argument("--parents", type=positive_int, default=25)
     e.add_argument("--mutations", type=int, default=50)
     e.add_argument("--crossovers", type=int, default=50)
     e.add_argument("--mutation-prob", type=float, default=0.3)
-    e.add_argument("--iterations", type=_positive_int, default=30)
-    e.add_argument("--max-tries", type=_positive_int, default=10_000,
+    e.add_argument("--iterations", type=positive_int, default=30)
+    e.add_argument("--max-tries", type=positive_int, default=10_000,
                    help="draws of one candidate before the limit is called infeasible")  # fmt: skip
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--device", default="cpu")

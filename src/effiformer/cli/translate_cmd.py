@@ -11,7 +11,7 @@ from ..generation import translate
 from ..progress import progress_bar, progress_enabled
 from ..tasks.base import resolve_device
 from ..tasks.translation import check_pair, load_translation_run
-from .common import add_common_flags
+from .common import add_common_flags, positive_int
 
 EPILOG = """examples:
   effiformer translate runs/m30k < sentences.en > sentences.de
@@ -19,16 +19,6 @@ EPILOG = """examples:
   effiformer translate runs/m30k --src en --tgt de --beam 5 --lenpen 1.0 < in.txt > out.txt
 One sentence per line (an empty line gives an empty line); sentences longer than the model's
 limit are truncated with a warning. The output is written when every line is translated."""
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -40,14 +30,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("run", help="run directory (its latest checkpoint) or checkpoint directory")
-    p.add_argument(
-        "--beam", type=_positive_int, default=5, help="beam size; 1 = greedy (default 5)"
-    )
+    p.add_argument("--beam", type=positive_int, default=5, help="beam size; 1 = greedy (default 5)")
     p.add_argument(
         "--lenpen", type=float, default=1.0, help="length penalty: score / len**lenpen (default 1)"
     )
     p.add_argument(
-        "--batch", type=_positive_int, default=64, help="sentences per batch (default 64)"
+        "--batch", type=positive_int, default=64, help="sentences per batch (default 64)"
     )
     p.add_argument("--src", help="source language the caller expects (checked against the run)")
     p.add_argument("--tgt", help="target language the caller expects (checked against the run)")

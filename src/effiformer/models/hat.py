@@ -93,7 +93,7 @@ from ..config import ConfigError, ModelConfig
 from ..recipes import TrainRecipe, register_recipe
 from ..registry import register_family, register_model
 from .base import IGNORE_INDEX, EffiModel, ModelOutput
-from .seq2seq import label_smoothed_nll, shift_right
+from .seq2seq import SourceChecks, label_smoothed_nll, shift_right
 
 __all__ = [
     "DesignSpace",
@@ -1027,7 +1027,7 @@ class HATDecodingState:
     sample: SubTransformer
 
 
-class SuperTransformer(EffiModel):
+class SuperTransformer(SourceChecks, EffiModel):
     """HAT's SuperTransformer (or a standalone SubTransformer); see the module docstring."""
 
     def __init__(self, config: HATConfig) -> None:
@@ -1128,28 +1128,6 @@ class SuperTransformer(EffiModel):
         table_pe = sinusoid_table(pos, self._super_dims[side])[:, :d]  # first d of the super's
         x = x + table_pe.to(x.dtype)[None]
         return F.dropout(x, self._dropouts(d, side)[0], self.training)
-
-    # ---- checks ----------------------------------------------------------------------------
-
-    def _check_ids(self, ids: Tensor, name: str) -> None:
-        try:
-            self.check_input_ids(ids)
-        except (TypeError, ValueError) as e:
-            raise type(e)(f"{name}: {e}") from None
-
-    def _source_mask(self, src_ids: Tensor, src_mask: Tensor | None) -> Tensor | None:
-        if src_mask is None:
-            mask = src_ids != self.config.pad_id
-        else:
-            if src_mask.shape != src_ids.shape:
-                raise ValueError(
-                    f"src_mask must have the shape of src_ids {tuple(src_ids.shape)}, "
-                    f"got {tuple(src_mask.shape)}"
-                )
-            mask = src_mask.to(torch.bool)
-        if not bool(mask.any(dim=1).all()):
-            raise ValueError("every source row needs at least one real token (an EOS at least)")
-        return None if bool(mask.all()) else mask
 
     # ---- encoder and decoder ---------------------------------------------------------------
 

@@ -80,6 +80,7 @@ __all__ = [
     "EncoderOutput",
     "Seq2SeqConfig",
     "Seq2SeqTransformer",
+    "SourceChecks",
     "build_seq2seq",
     "label_smoothed_nll",
     "shift_right",
@@ -239,7 +240,34 @@ def label_smoothed_nll(
     return loss, nll
 
 
-class Seq2SeqTransformer(EffiModel):
+class SourceChecks:
+    """Input checks shared by the encoder-decoder models (this family and HAT's
+    SuperTransformer): token ids named in errors, and the source padding mask."""
+
+    config: Any
+
+    def _check_ids(self, ids: Tensor, name: str) -> None:
+        try:
+            self.check_input_ids(ids)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"{name}: {e}") from None
+
+    def _source_mask(self, src_ids: Tensor, src_mask: Tensor | None) -> Tensor | None:
+        if src_mask is None:
+            mask = src_ids != self.config.pad_id
+        else:
+            if src_mask.shape != src_ids.shape:
+                raise ValueError(
+                    f"src_mask must have the shape of src_ids {tuple(src_ids.shape)}, "
+                    f"got {tuple(src_mask.shape)}"
+                )
+            mask = src_mask.to(torch.bool)
+        if not bool(mask.any(dim=1).all()):
+            raise ValueError("every source row needs at least one real token (an EOS at least)")
+        return None if bool(mask.all()) else mask
+
+
+class Seq2SeqTransformer(SourceChecks, EffiModel):
     """Embeddings -> encoder stack; embeddings -> decoder stack (cross-attending to the encoder
     output) -> tied output projection. See the module docstring for the interface."""
 
@@ -325,28 +353,6 @@ class Seq2SeqTransformer(EffiModel):
             table = getattr(pos, "table", None)
             if table is not None:
                 nn.init.normal_(table.weight, std=d**-0.5)
-
-    # ---- checks ----------------------------------------------------------------------------
-
-    def _check_ids(self, ids: Tensor, name: str) -> None:
-        try:
-            self.check_input_ids(ids)
-        except (TypeError, ValueError) as e:
-            raise type(e)(f"{name}: {e}") from None
-
-    def _source_mask(self, src_ids: Tensor, src_mask: Tensor | None) -> Tensor | None:
-        if src_mask is None:
-            mask = src_ids != self.config.pad_id
-        else:
-            if src_mask.shape != src_ids.shape:
-                raise ValueError(
-                    f"src_mask must have the shape of src_ids {tuple(src_ids.shape)}, "
-                    f"got {tuple(src_mask.shape)}"
-                )
-            mask = src_mask.to(torch.bool)
-        if not bool(mask.any(dim=1).all()):
-            raise ValueError("every source row needs at least one real token (an EOS at least)")
-        return None if bool(mask.all()) else mask
 
     # ---- encoder and decoder ---------------------------------------------------------------
 
