@@ -23,6 +23,7 @@ from effiformer.tasks.registry import make_options
 
 EXPECTED = [
     "lm", "mlm", "electra", "glue-sst2", "glue-cola", "glue-rte", "glue-mrpc", "glue-stsb", "translation",
+    "mqar", "duplication", "listops",
 ]  # fmt: skip
 
 
@@ -109,7 +110,7 @@ def test_a_registered_task_appears_in_train_help_and_resolves(echo_task, capsys)
     assert "--task lm does not take --echo-word (that is for: echo-test)" in err
     assert main(["train", "vanilla-tiny", "--task", "echo-test", "--echo-word", "x",
                  "--max-len", "8"]) == 2  # fmt: skip
-    assert "does not take --max-len (that is for: glue-*)" in capsys.readouterr().err
+    assert "does not take --max-len (that is for: glue-*, listops)" in capsys.readouterr().err
 
 
 def test_eval_dispatches_on_the_recorded_task(tmp_path, capsys):

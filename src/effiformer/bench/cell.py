@@ -408,7 +408,12 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
     """Measure one cell described by ``cell`` (the JSON the parent writes) and return the
     measurements: fwd_ms, fwd_bwd_ms (medians) and their samples, peak_mib, memory_method,
     flops_fwd, flops_fwd_bwd, params, and the workload's ``info``; for ``part="decoding"`` see
-    :func:`run_decoding_cell`."""
+    :func:`run_decoding_cell`; a quality-suite cell (``kind="quality"``) trains and scores a model
+    (:func:`effiformer.bench.quality.run_quality_cell`)."""
+    if cell.get("kind") == "quality":
+        from .quality import run_quality_cell
+
+        return run_quality_cell(cell)
     device = torch.device(cell["device"])
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("CUDA is not available")

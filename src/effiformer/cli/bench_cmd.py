@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from pathlib import Path
 
 import torch
 
@@ -38,6 +39,9 @@ EPILOG = f"""examples:
   effiformer bench routing-small --part attention --set attention.window=64 --lengths 1024
   effiformer bench transformer-base --part decoding --src-len 30 --beam 5
   effiformer bench --list-refs
+  effiformer bench --part quality --budget smoke --out quality-smoke      # seconds
+  effiformer bench --part quality --tasks mqar duplication --attention dense local lsh
+  effiformer bench --part quality --budget cpu --data ../shared/data --out quality-cpu
 
 An --out folder that already holds results is refused: --append adds to them, --force
 replaces them. Ctrl-C stops the run and keeps the finished cells (exit 130)."""
@@ -68,10 +72,37 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     p.add_argument("--batch", type=positive_int, default=1, help="batch size (default: 1)")
     p.add_argument(
-        "--part", choices=["model", "attention", "both", "decoding"], default=None,
-        help="whole model, one attention layer (model.attention_part), both, or decoding "
-        "(encoder-decoder models: translate one sentence with beam search, HAT's latency) "
+        "--part", choices=["model", "attention", "both", "decoding", "quality"], default=None,
+        help="whole model, one attention layer (model.attention_part), both, decoding "
+        "(encoder-decoder models: translate one sentence with beam search, HAT's latency), or "
+        "quality (train every mechanism on the same tasks and score them: docs/quality.md) "
         "(default: model when names are given, both for the default set)",
+    )  # fmt: skip
+    q = p.add_argument_group("--part quality (docs/quality.md)")
+    q.add_argument(
+        "--tasks", nargs="+", default=None, metavar="TASK",
+        help="tasks to run (default: every task of the budget): mqar, duplication, listops, "
+        "lm-ptb, lm-shakespeare",
+    )  # fmt: skip
+    q.add_argument(
+        "--attention", dest="mechanisms", nargs="+", default=None, metavar="MECHANISM",
+        help="mechanisms (default: every one that fits each task); see --list-mechanisms",
+    )  # fmt: skip
+    q.add_argument("--budget", default="cpu", help="smoke, cpu or gpu (default: cpu)")
+    q.add_argument("--seeds", type=positive_int, default=None, help="seeds per cell (default: budget's)")
+    q.add_argument(
+        "--lr", type=positive_float, default=None,
+        help="train every cell at this learning rate (default: sweep the budget's rates)",
+    )  # fmt: skip
+    q.add_argument("--jobs", type=positive_int, default=None, help="cells run in parallel")
+    q.add_argument(
+        "--data", default=None, metavar="DIR",
+        help="folder holding ptb/ and tinyshakespeare/ for the lm-* tasks (default: "
+        "$EFFIFORMER_DATA)",
+    )  # fmt: skip
+    q.add_argument(
+        "--list-mechanisms", action="store_true",
+        help="list the quality suite's tasks, mechanisms and budgets and exit",
     )  # fmt: skip
     p.add_argument(
         "--src-len", dest="src_lens", nargs="+", type=positive_int, default=None, metavar="N",
@@ -82,7 +113,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--steps", type=positive_int, default=None,
-        help="--part decoding: decoder steps per sentence (default: the source length)",
+        help="--part decoding: decoder steps per sentence (default: the source length); "
+        "--part quality: optimizer steps per cell (default: the budget's)",
     )  # fmt: skip
     p.add_argument(
         "--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
@@ -139,6 +171,22 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _check_part_flags(args: argparse.Namespace) -> str | None:
+    quality_only = [f for f, v in (("--tasks", args.tasks), ("--attention", args.mechanisms),
+                                   ("--seeds", args.seeds), ("--lr", args.lr),
+                                   ("--jobs", args.jobs), ("--data", args.data))
+                    if v is not None]  # fmt: skip
+    if args.budget != "cpu":
+        quality_only.append("--budget")
+    if args.part != "quality" and quality_only:
+        return f"{', '.join(quality_only)} only apply to --part quality"
+    if args.part == "quality":
+        others = [f for f, v in (("NAME", args.names), ("--src-len", args.src_lens),
+                                 ("--beam", args.beam), ("--refs", args.refs),
+                                 ("--batch", args.batch if args.batch != 1 else None))
+                  if v]  # fmt: skip
+        if others:
+            return f"--part quality trains its own models; drop {', '.join(others)}"
+        return None
     decoding = args.part == "decoding"
     if decoding and args.lengths is not None:
         return "--lengths does not apply to --part decoding; give the source lengths with --src-len"
@@ -147,6 +195,8 @@ def _check_part_flags(args: argparse.Namespace) -> str | None:
     if not decoding:
         given = [f for f, v in (("--src-len", args.src_lens), ("--beam", args.beam),
                                 ("--steps", args.steps)) if v is not None]  # fmt: skip
+        if given == ["--steps"]:
+            return "--steps only applies to --part decoding and --part quality"
         if given:
             return f"{', '.join(given)} only apply to --part decoding"
     return None
@@ -172,6 +222,60 @@ def _interrupted(e: BenchInterrupted | None, out: str) -> int:
     return 130
 
 
+def format_quality_catalogue() -> str:
+    """The quality suite's tasks, mechanisms (with the task kinds they take) and budgets."""
+    from ..bench.quality import BUDGETS, MECHANISMS, TASKS
+
+    lines = ["tasks:"]
+    lines += [f"  {n:<15} {k:<13} {d}" for n, (k, _, _, d) in TASKS.items()]
+    lines.append("mechanisms:")
+    lines += [f"  {m.name:<15} {'/'.join(m.kinds):<26} {m.note}" for m in MECHANISMS.values()]
+    lines.append("budgets:")
+    lines += [f"  {b.name:<15} {b.description}" for b in BUDGETS.values()]
+    return "\n".join(lines)
+
+
+def _run_quality(args: argparse.Namespace) -> int:
+    from ..bench.quality import QualityInterrupted, run_quality
+
+    out = args.out if args.out != "bench-out" else "quality-out"
+    try:
+        records = run_quality(
+            args.tasks,
+            args.mechanisms,
+            budget=args.budget,
+            out=out,
+            lengths=args.lengths,
+            seeds=args.seeds,
+            steps=args.steps,
+            lr=args.lr,
+            jobs=args.jobs,
+            threads=args.threads,
+            data=args.data,
+            force=args.force,
+            plot=not args.no_plot,
+            progress=not args.no_progress,
+            cell_timeout=None if args.cell_timeout == 1800.0 else args.cell_timeout,
+        )
+    except QualityInterrupted as e:
+        print(
+            f"\neffiformer bench: interrupted after {e.done} of {e.total} cells; rerun the same "
+            f"command to resume ({e.out}/results.jsonl keeps the finished cells, unfinished ones "
+            "continue from their checkpoints)",
+            file=sys.stderr,
+        )
+        return 130
+    table = Path(out) / "table.md"
+    if table.is_file():
+        print(table.read_text())
+    bad = [r for r in records if r.get("status") != "ok"]
+    print(f"wrote {out}/results.jsonl, {table}" + (" and the plots" if not args.no_plot else ""))
+    if bad:
+        print(f"{len(bad)} of {len(records)} cells did not finish cleanly (see the table: "
+              "diverged or error)")  # fmt: skip
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """``effiformer bench``: run, print the table, say where the files are."""
     if args.list_refs:
@@ -179,9 +283,14 @@ def run(args: argparse.Namespace) -> int:
             load_plugin(plugin)
         print(format_references())
         return 0
+    if args.list_mechanisms:
+        print(format_quality_catalogue())
+        return 0
     problem = _check_part_flags(args)
     if problem:
         raise ValueError(problem)
+    if args.part == "quality":
+        return _run_quality(args)
     parts = None
     if args.part is not None:
         parts = TRAINING_PARTS if args.part == "both" else (args.part,)

@@ -29,11 +29,12 @@ Tasks are registered by name (:mod:`.registry`: ``register_task`` / ``get_task``
 with their options as a frozen dataclass and a builder; ``effiformer train --task NAME`` and
 ``effiformer eval`` resolve through it. The task modules register themselves when this package
 imports them, from the explicit list below: ``lm``, ``mlm``, ``electra``, ``glue-sst2``,
-``glue-cola``, ``glue-rte``, ``glue-mrpc``, ``glue-stsb``, ``translation``.
+``glue-cola``, ``glue-rte``, ``glue-mrpc``, ``glue-stsb``, ``translation``, ``mqar``,
+``duplication``, ``listops``.
 """
 
 # isort: off
-from . import lm, mlm, glue, translation  # noqa: F401  (registration order: lm, mlm/electra, glue-*, translation)
+from . import lm, mlm, glue, translation, mqar, duplication, listops  # noqa: F401  (registration order: lm, mlm/electra, glue-*, translation, mqar, duplication, listops)
 
 # isort: on
 from .base import Batch, Task, rank_rows, restore_position

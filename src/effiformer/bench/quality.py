@@ -1,0 +1,969 @@
+"""The quality suite behind ``effiformer bench --part quality``: train every attention part on the
+same tasks, in the same model, and score them side by side.
+
+A *cell* is one (task, mechanism, length, learning rate, seed): a model of the budget's width and
+depth (the ``vanilla`` decoder or encoder with the mechanism's attention part, or the
+mechanism's own family: Transformer-XL, Compressive, Funnel) trained for the budget's optimizer
+steps on the task and scored on the task's validation and test sets. Tasks
+(:data:`TASKS`): ``mqar`` (multi-query associative recall, accuracy on the queried values),
+``duplication`` (the Reformer paper's ``0w0w``, accuracy on the copy; LSH models are also scored
+with 1, 2, 4 and 8 hashes and with full attention), ``listops`` (10-class accuracy from the
+encoder's ``<cls>`` position; majority class recorded), ``lm-ptb`` and ``lm-shakespeare``
+(character-level language modelling, bits per character on the whole validation and test
+splits). Mechanisms (:data:`MECHANISMS`) carry their paper's settings for each length
+(:func:`mechanism_settings`), recorded with every cell.
+
+How a run goes (:func:`run_quality`):
+
+1. plan: every cell's config is built on the meta device first, so a mechanism that cannot take a
+   length (or does not fit a task) is refused in one line before anything is written;
+2. learning-rate sweep: for every (task, mechanism), the budget's learning rates at the task's
+   shortest length, seed 0;
+3. main cells: the best swept rate (highest validation accuracy, lowest bpc) at every length and
+   seed (the sweep's own cell is reused);
+4. every cell runs in its own process (``python -m effiformer.bench --cell``), ``jobs`` at a time,
+   with ``threads`` intra-op threads each; its training run lives in ``OUT/cells/ID/`` with
+   checkpoints, so a killed cell resumes from its last checkpoint, and its record goes to
+   ``OUT/results.jsonl`` when it ends (``status``: ``ok``, ``diverged`` — a non-finite loss,
+   kept in the table as such — or ``error``);
+5. ``OUT/table.md`` (mean and spread over seeds per task, mechanism and length), ``OUT/*.png``
+   (MQAR accuracy against length; LM bits per character against step and against time).
+
+A rerun with the same ``--out`` resumes: recorded cells are skipped, unfinished ones continue from
+their checkpoints. The budget (model size, steps, lengths) is stored in ``OUT/quality.json``; a
+rerun with another budget is refused unless ``force``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config import closest
+
+__all__ = [
+    "BUDGETS",
+    "MECHANISMS",
+    "TASKS",
+    "Mechanism",
+    "QualityBudget",
+    "QualityInterrupted",
+    "TaskBudget",
+    "format_quality_table",
+    "mechanism_settings",
+    "plan_cells",
+    "plot_quality",
+    "run_quality",
+    "run_quality_cell",
+]
+
+logger = logging.getLogger(__name__)
+
+RESULTS = "results.jsonl"
+MANIFEST = "quality.json"
+TABLE = "table.md"
+
+# ---------------------------------------------------------------------------------- tasks
+
+#: task -> (kind, metric, higher is better, description)
+TASKS: dict[str, tuple[str, str, bool, str]] = {
+    "mqar": ("causal", "accuracy", True, "multi-query associative recall (Zoology)"),
+    "duplication": ("causal", "accuracy", True, "0w0w copy (Reformer Table 2)"),
+    "listops": ("bidirectional", "accuracy", True, "ListOps, 10 classes (LRA)"),
+    "lm-ptb": ("lm", "bpc", False, "PTB characters, bits per character"),
+    "lm-shakespeare": ("lm", "bpc", False, "tinyshakespeare bytes, bits per character"),
+}
+#: where each LM task finds its data under the data folder, and the corpus format
+LM_DATA = {"lm-ptb": ("ptb", "ptb-char"), "lm-shakespeare": ("tinyshakespeare/input.txt", "text")}
+
+
+# ---------------------------------------------------------------------------------- mechanisms
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    """A row of the suite: the model ``family`` it builds (``vanilla`` with an attention part, or
+    a family of its own), the task kinds it fits and its attention settings for a length."""
+
+    name: str
+    family: str
+    kinds: tuple[str, ...]
+    attention: Callable[[str, int], dict[str, Any] | None]
+    note: str = ""
+
+
+def _pow2_sqrt(t: int) -> int:
+    """The power of two nearest sqrt(t) (Sparse Transformer: stride l ~ sqrt(n))."""
+    return max(2, 2 ** round(math.log2(math.sqrt(t))))
+
+
+def _window(task: str, t: int) -> int:
+    """Local window: 32 tokens on the synthetic tasks (MQAR pairs then lie beyond it from
+    T = 256 on), T / 8 for language modelling (128 at T = 1,024)."""
+    return max(16, t // 8) if task.startswith("lm") else min(32, t // 2)
+
+
+def _chunk(task: str, t: int) -> int:
+    """LSH chunk length: 64 (the Reformer default) where the sequence holds at least 4 chunks,
+    else t / 4."""
+    return 64 if t >= 256 else max(4, t // 4)
+
+
+MECHANISMS: dict[str, Mechanism] = {
+    m.name: m
+    for m in (
+        Mechanism("dense", "vanilla", ("causal", "bidirectional", "lm"),
+                  lambda task, t: {"name": "dense"}, "softmax attention (SDPA)"),
+        Mechanism("local", "vanilla", ("causal", "bidirectional", "lm"),
+                  lambda task, t: {"name": "local", "window": _window(task, t)},
+                  "own block and the previous one"),
+        Mechanism("sparse-strided", "vanilla", ("causal", "bidirectional", "lm"),
+                  lambda task, t: {"name": "sparse", "pattern": "strided",
+                                   "stride": _pow2_sqrt(t)}, "stride l ~ sqrt(T)"),
+        Mechanism("sparse-fixed", "vanilla", ("causal", "bidirectional", "lm"),
+                  lambda task, t: {"name": "sparse", "pattern": "fixed", "stride": _pow2_sqrt(t),
+                                   "summary": max(1, _pow2_sqrt(t) // 4)},
+                  "l ~ sqrt(T), c = l/4"),
+        Mechanism("adaptive-span", "vanilla", ("causal", "lm"),
+                  lambda task, t: {"name": "adaptive_span", "max_span": t},
+                  "spans learned up to T"),
+        Mechanism("routing", "vanilla", ("causal", "bidirectional", "lm"),
+                  lambda task, t: {"name": "routing", "window": _window(task, t)},
+                  "half the heads local, half routed, sqrt(T) clusters"),
+        Mechanism("lsh", "vanilla", ("causal", "bidirectional", "lm"),
+                  lambda task, t: {"name": "lsh", "chunk_len": _chunk(task, t), "n_hashes": 2},
+                  "shared-QK LSH, 2 hashes"),
+        Mechanism("lsra", "vanilla", ("causal", "bidirectional", "lm"),
+                  lambda task, t: {"name": "lsra"}, "half attention, half lightweight conv"),
+        Mechanism("relative-xl", "vanilla", ("causal", "lm"),
+                  lambda task, t: {"name": "relative_xl"}, "XL relative positions, no memory"),
+        Mechanism("xl", "xl", ("lm",), lambda task, t: None,
+                  "Transformer-XL, memory = segment"),
+        Mechanism("compressive", "compressive", ("lm",), lambda task, t: None,
+                  "Compressive, memory = compressed memory = segment / 2"),
+        Mechanism("funnel", "funnel", ("bidirectional",), lambda task, t: None,
+                  "Funnel encoder, pooled blocks"),
+    )
+}  # fmt: skip
+
+
+def mechanism_settings(mechanism: str, task: str, length: int) -> dict[str, Any] | None:
+    """The attention settings ``mechanism`` takes on ``task`` at ``length`` (None: its family
+    has its own attention)."""
+    return MECHANISMS[mechanism].attention(task, length)
+
+
+def fits(mechanism: str, task: str) -> bool:
+    return TASKS[task][0] in MECHANISMS[mechanism].kinds
+
+
+# ---------------------------------------------------------------------------------- budgets
+
+
+@dataclass(frozen=True)
+class TaskBudget:
+    """One task's share of a budget: ``lengths``; ``steps`` per cell; ``tokens`` per batch (the
+    batch is ``tokens // length`` rows, at least ``min_batch``); ``seeds``; ``lrs`` swept at the
+    shortest length; ``eval_every`` steps; task options (``options``)."""
+
+    lengths: tuple[int, ...]
+    steps: int
+    tokens: int
+    seeds: int
+    lrs: tuple[float, ...]
+    eval_every: int
+    min_batch: int = 1
+    warmup: int = 100
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def batch(self, length: int) -> int:
+        return max(self.min_batch, self.tokens // length)
+
+
+@dataclass(frozen=True)
+class QualityBudget:
+    """A budget: the model every cell trains (``dim``, ``n_layers``, ``n_heads``), where
+    (``device``, ``dtype``, ``threads`` per cell, ``jobs`` in parallel) and each task's share."""
+
+    name: str
+    dim: int
+    n_layers: int
+    n_heads: int
+    tasks: dict[str, TaskBudget]
+    device: str = "cpu"
+    dtype: str = "float32"
+    threads: int = 1
+    jobs: int = 2
+    description: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_LRS = (1e-3, 3e-3, 1e-2)
+BUDGETS: dict[str, QualityBudget] = {
+    "smoke": QualityBudget(
+        "smoke", dim=32, n_layers=1, n_heads=2, threads=1, jobs=1,
+        tasks={
+            "mqar": TaskBudget((64,), 6, 256, 1, (3e-3,), 3, min_batch=2),
+            "duplication": TaskBudget((64,), 6, 256, 1, (3e-3,), 3, min_batch=2,
+                                      options={"vocab_size": 16}),
+            "listops": TaskBudget((32,), 6, 256, 1, (3e-3,), 3, min_batch=4,
+                                  options={"eval_sequences": 32}),
+            "lm-ptb": TaskBudget((64,), 4, 256, 1, (3e-3,), 2, min_batch=2,
+                                 options={"eval_tokens": 4096}),
+            "lm-shakespeare": TaskBudget((64,), 4, 256, 1, (3e-3,), 2, min_batch=2,
+                                         options={"eval_tokens": 4096}),
+        },
+        description="seconds: proves the pipeline, learns nothing",
+    ),
+    "cpu": QualityBudget(
+        "cpu", dim=64, n_layers=2, n_heads=2, threads=1, jobs=2,
+        tasks={
+            "mqar": TaskBudget((64, 128, 256, 512, 1024), 3000, 2048, 3, _LRS, 500, min_batch=2),
+            "duplication": TaskBudget((128, 256, 512), 1500, 2048, 3, _LRS, 500, min_batch=2,
+                                      options={"vocab_size": 64}),
+            "listops": TaskBudget((128, 256), 1500, 4096, 2, _LRS, 500, min_batch=8),
+            "lm-ptb": TaskBudget((1024,), 600, 8192, 2, _LRS, 200, min_batch=2),
+            "lm-shakespeare": TaskBudget((1024,), 600, 8192, 2, _LRS, 200, min_batch=2),
+        },
+        description="the 2-core CPU table (see docs/quality.md for its cost)",
+    ),
+    "gpu": QualityBudget(
+        "gpu", dim=128, n_layers=2, n_heads=4, device="cuda", dtype="bfloat16", threads=4, jobs=1,
+        tasks={
+            "mqar": TaskBudget((256, 1024, 4096, 8192), 2000, 65536, 2, (3e-3,), 500,
+                               min_batch=4),
+            "lm-ptb": TaskBudget((4096, 16384), 500, 65536, 1, (1e-3,), 250, min_batch=2),
+        },
+        description="one lent H200, about 8 minutes, bf16 (not yet run)",
+    ),
+}  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------- cells
+
+
+def cell_id(task: str, mechanism: str, length: int, lr: float, seed: int) -> str:
+    return f"{task}/{mechanism}/T{length}/lr{lr:g}/s{seed}"
+
+
+def _model_overrides(
+    budget: QualityBudget, task: str, mechanism: str, length: int
+) -> tuple[str, dict[str, Any]]:
+    """(registered base name, config overrides) of a cell's model."""
+    mech = MECHANISMS[mechanism]
+    common = {"dim": budget.dim, "n_layers": budget.n_layers, "n_heads": budget.n_heads,
+              "dropout": 0.0}  # fmt: skip
+    kind = TASKS[task][0]
+    if mech.family == "vanilla":
+        over = {**common, "ffn_dim": 4 * budget.dim, "attention": mech.attention(task, length)}
+        if mech.name == "lsra":
+            over["attention"] = {**over["attention"], "attn_heads": budget.n_heads,
+                                 "conv_heads": budget.n_heads}  # fmt: skip
+        return "vanilla-tiny", over
+    if mech.family in ("xl", "compressive"):
+        over = {**common, "ffn_dim": 4 * budget.dim, "seq_len": length, "mem_len": length}
+        if mech.family == "compressive":
+            over.update(mem_len=length // 2, cmem_len=length // 2)
+        return f"{mech.family}-tiny", over
+    if mech.family == "funnel":
+        return "funnel-tiny", {**common, "ffn_dim": 4 * budget.dim, "n_layers": budget.n_layers}
+    raise ValueError(f"unknown family {mech.family!r} ({kind})")
+
+
+def _task_setup(cell: dict[str, Any]) -> tuple[Any, torch.nn.Module]:
+    """Build the task and the model of a cell (in the cell's process, or on meta to check)."""
+    from ..config import replace_config
+    from ..registry import build_model, get_config
+
+    task_name, length, seed = cell["task"], int(cell["length"]), int(cell["seed"])
+    opts = dict(cell.get("task_options") or {})
+    base, over = cell["model"], dict(cell["overrides"])
+    batch = int(cell["batch"])
+    if task_name == "mqar":
+        from ..tasks.mqar import MQARTask
+
+        task = MQARTask(seq_len=length, batch_size=batch, seed=seed, **opts)
+        over.update(vocab_size=task.vocab_size, seq_len=max(length, 1))
+    elif task_name == "duplication":
+        from ..tasks.duplication import DuplicationTask
+
+        task = DuplicationTask(seq_len=length, batch_size=batch, seed=seed, **opts)
+        over.update(vocab_size=task.vocab_size, seq_len=length - 1)
+    elif task_name == "listops":
+        from ..tasks.listops import ListOpsTask, build_listops_model
+
+        task = ListOpsTask(max_len=length, batch_size=batch, seed=seed, **opts)
+        over.update(vocab_size=task.vocab_size, seq_len=task.model_len, causal=False)
+        config = get_config(base, **over)
+        return task, build_listops_model(config)
+    else:
+        from ..data import load_corpus
+        from ..tasks.lm import LMTask
+
+        rel, fmt = LM_DATA[task_name]
+        corpus = load_corpus(Path(cell["data"]) / rel, fmt)
+        task = LMTask(
+            corpus,
+            batch_size=batch,
+            seq_len=length,
+            seed=seed,
+            eval_tokens=opts.get("eval_tokens"),
+        )
+        over.update(vocab_size=corpus.vocab.size)
+        if "seq_len" not in over:
+            over["seq_len"] = length
+    config = get_config(base, **over)
+    if "causal" in type(config).field_names() and not config.causal:
+        config = replace_config(config, causal=True)
+    return task, build_model(config)
+
+
+def check_cell(cell: dict[str, Any]) -> None:
+    """Build the cell's config and model on the meta device; raise what building raises."""
+    if cell["task"].startswith("lm"):
+        from ..registry import build_model, get_config
+
+        over = {**cell["overrides"], "vocab_size": 256}
+        over.setdefault("seq_len", int(cell["length"]))
+        with torch.device("meta"):
+            build_model(get_config(cell["model"], **over))
+        return
+    with torch.device("meta"):
+        _task_setup(cell)
+
+
+def _hash_evals(model: torch.nn.Module, task: Any, length: int) -> dict[str, Any]:
+    """Duplication with LSH: the trained weights scored with 1, 2, 4, 8 hashes and with full
+    (shared-QK) attention: one bucket and one chunk spanning the sequence."""
+    from ..config import replace_config
+    from ..models.reformer import reconfigure
+    from ..registry import build_model
+
+    out: dict[str, Any] = {}
+    for n in (1, 2, 4, 8):
+        out[f"hashes_{n}"] = task.evaluate(reconfigure(model, n_hashes=n), "test")["accuracy"]
+    att = model.config.attention
+    full_chunk = 1 << max(2, math.ceil(math.log2(length)))
+    full = dataclasses.replace(att, n_hashes=1, n_buckets=2, chunk_len=full_chunk)
+    new = build_model(replace_config(model.config, attention=full))
+    new.load_state_dict(model.state_dict(), strict=True)
+    # two buckets, but a chunk covering the whole sequence: every earlier key is visible
+    out["full"] = task.evaluate(new, "test")["accuracy"]
+    return out
+
+
+def run_quality_cell(cell: dict[str, Any]) -> dict[str, Any]:
+    """Train and score one cell (in its own process); returns the measured part of its record.
+    A non-finite loss ends the cell with ``status="diverged"`` and what was measured before."""
+    from ..train import TrainConfig, train
+
+    torch.set_num_threads(int(cell["threads"]))
+    device = cell["device"]
+    task, model = _task_setup(cell)
+    params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    run_dir = Path(cell["run_dir"])
+    resume = str(run_dir) if (run_dir / "latest").exists() else None
+    steps = int(cell["steps"])
+    config = TrainConfig(
+        steps=steps,
+        lr=float(cell["lr"]),
+        warmup=min(int(cell["warmup"]), steps // 10 or 1),
+        weight_decay=0.0,
+        betas=(0.9, 0.98),
+        clip=1.0,
+        schedule="cosine",
+        seed=int(cell["seed"]),
+        device=device,
+        bf16=cell.get("dtype") == "bfloat16",
+        eval_every=int(cell["eval_every"]),
+        checkpoint_every=max(int(cell["eval_every"]), steps // 4),
+        keep_checkpoints=1,
+        out_dir=str(run_dir),
+        resume=resume,
+        progress=False,
+        log_every=1,
+    )
+    model.to(device)
+    status, error = "ok", None
+    t0 = time.perf_counter()
+    try:
+        history = train(model, task, config)
+    except FloatingPointError as e:
+        status, error, history = "diverged", str(e).splitlines()[0][:300], None
+    train_s = time.perf_counter() - t0
+    rec: dict[str, Any] = {"status": status, "params": params, "train_s": train_s}
+    curve, step_s = _read_curve(run_dir / "metrics.jsonl", TASKS[cell["task"]][1])
+    rec["curve"] = curve
+    rec["step_s_median"] = statistics.median(step_s) if step_s else None
+    rec["steps_done"] = history.step if history is not None else (curve[-1][0] if curve else 0)
+    if status == "diverged":
+        rec["error"] = error
+        return {"status": "diverged", **{k: v for k, v in rec.items() if k != "error"},
+                "diverged": error}  # fmt: skip
+    model.eval()
+    metric = TASKS[cell["task"]][1]
+    for split in ("valid", "test"):
+        result = task.evaluate(model, split, device=device)
+        rec[split] = result[metric]
+        rec[f"{split}_all"] = {k: v for k, v in result.items() if isinstance(v, int | float)}
+    if cell["task"] == "duplication" and cell["mechanism"] == "lsh":
+        rec["hash_evals"] = _hash_evals(model, task, int(cell["length"]))
+    return rec
+
+
+def _read_curve(path: Path, metric: str) -> tuple[list[list[float]], list[float]]:
+    """``[[step, seconds of training so far, valid metric], ...]`` and the step times."""
+    curve: list[list[float]] = []
+    step_s: list[float] = []
+    if not path.is_file():
+        return curve, step_s
+    elapsed = 0.0
+    for line in path.read_text().splitlines():
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if "step_s" in r:
+            step_s.append(float(r["step_s"]))
+            elapsed += float(r["step_s"])
+        key = f"val_{metric}"
+        if key in r:
+            curve.append([int(r["step"]), round(elapsed, 3), float(r[key])])
+    return curve, step_s
+
+
+# ---------------------------------------------------------------------------------- planning
+
+
+class QualityInterrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`run_quality`; ``done`` cells are in ``results.jsonl``."""
+
+    def __init__(self, done: int, total: int, out: Path) -> None:
+        super().__init__(f"interrupted after {done} of {total} cells")
+        self.done, self.total, self.out = done, total, out
+
+
+def _resolve(items: Sequence[str] | None, known: Iterable[str], what: str) -> list[str]:
+    known = list(known)
+    if not items:
+        return known
+    out = []
+    for it in items:
+        if it not in known:
+            raise ValueError(
+                f"unknown {what} {it!r}; known (closest first): {', '.join(closest(it, known))}"
+            )
+        if it not in out:
+            out.append(it)
+    return out
+
+
+def plan_cells(
+    budget: QualityBudget,
+    tasks: Sequence[str] | None = None,
+    mechanisms: Sequence[str] | None = None,
+    *,
+    lengths: Sequence[int] | None = None,
+    seeds: int | None = None,
+    steps: int | None = None,
+    lr: float | None = None,
+) -> tuple[list[tuple[str, str]], list[str]]:
+    """The (task, mechanism) pairs to run, and notes on the pairs left out because the
+    mechanism does not fit the task. Errors (one line each): an unknown task or mechanism, a
+    task the budget has no share for, a mechanism that fits none of the tasks, a length a
+    mechanism cannot take (its config or model fails to build)."""
+    task_names = _resolve(tasks, [t for t in TASKS if t in budget.tasks] if not tasks else TASKS,
+                          "task")  # fmt: skip
+    for t in task_names:
+        if t not in budget.tasks:
+            raise ValueError(
+                f"the {budget.name!r} budget has no share for task {t!r} (it has: "
+                f"{', '.join(budget.tasks)})"
+            )
+    mech_names = _resolve(mechanisms, MECHANISMS, "mechanism")
+    pairs, notes = [], []
+    for m in mech_names:
+        fitting = [t for t in task_names if fits(m, t)]
+        if mechanisms and not fitting:
+            kinds = " or ".join(MECHANISMS[m].kinds)
+            raise ValueError(
+                f"mechanism {m!r} fits none of the tasks {', '.join(task_names)} (it takes "
+                f"{kinds} tasks)"
+            )
+        for t in task_names:
+            if fits(m, t):
+                pairs.append((t, m))
+            elif mechanisms:
+                notes.append(f"{m} is not run on {t} ({TASKS[t][0]} task; {m} takes "
+                             f"{' or '.join(MECHANISMS[m].kinds)})")  # fmt: skip
+    if seeds is not None and seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    for t, m in pairs:
+        for length in lengths or budget.tasks[t].lengths:
+            if t == "duplication" and length % 2:
+                raise ValueError(f"duplication needs an even length (0 w 0 w), got {length}")
+            cell = _make_cell(budget, t, m, length, lr or 1e-3, 0, steps, data=None)
+            try:
+                check_cell(cell)
+            except Exception as e:  # noqa: BLE001 - any build failure is the user's answer
+                msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise ValueError(f"{m} cannot run {t} at length {length}: {msg}") from None
+    return [(t, m) for t, m in pairs], notes
+
+
+def _make_cell(
+    budget: QualityBudget,
+    task: str,
+    mechanism: str,
+    length: int,
+    lr: float,
+    seed: int,
+    steps: int | None,
+    *,
+    data: str | None,
+    out: Path | None = None,
+    phase: str = "main",
+) -> dict[str, Any]:
+    tb = budget.tasks[task]
+    model, over = _model_overrides(budget, task, mechanism, length)
+    cid = cell_id(task, mechanism, length, lr, seed)
+    return {
+        "kind": "quality",
+        "cell": cid,
+        "phase": phase,
+        "task": task,
+        "mechanism": mechanism,
+        "length": length,
+        "seed": seed,
+        "lr": lr,
+        "steps": steps or tb.steps,
+        "batch": tb.batch(length),
+        "warmup": tb.warmup,
+        "eval_every": min(tb.eval_every, steps or tb.steps),
+        "task_options": dict(tb.options),
+        "model": model,
+        "overrides": over,
+        "settings": mechanism_settings(mechanism, task, length),
+        "device": budget.device,
+        "dtype": budget.dtype,
+        "threads": budget.threads,
+        "data": data,
+        "run_dir": str(out / "cells" / cid.replace("/", "_")) if out else "",
+    }
+
+
+def _read_results(path: Path) -> dict[str, dict[str, Any]]:
+    done: dict[str, dict[str, Any]] = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by a kill: that cell runs again
+            if "cell" in r:
+                done[r["cell"]] = r
+    return done
+
+
+def _best_lr(records: list[dict[str, Any]], higher: bool) -> float | None:
+    ok = [r for r in records if r.get("status") == "ok" and r.get("valid") is not None]
+    if not ok:
+        return None
+    key = (lambda r: r["valid"]) if higher else (lambda r: -r["valid"])
+    return max(ok, key=key)["lr"]
+
+
+def run_quality(
+    tasks: Sequence[str] | None = None,
+    mechanisms: Sequence[str] | None = None,
+    *,
+    budget: str | QualityBudget = "cpu",
+    out: str | Path = "quality-out",
+    lengths: Sequence[int] | None = None,
+    seeds: int | None = None,
+    steps: int | None = None,
+    lr: float | None = None,
+    jobs: int | None = None,
+    threads: int | None = None,
+    data: str | Path | None = None,
+    force: bool = False,
+    plot: bool = True,
+    progress: bool = True,
+    cell_timeout: float | None = None,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Plan, run (resuming ``out``), report; returns every record of the plan (see the module
+    docstring). ``lr`` skips the sweep and trains every cell at that rate."""
+    from .harness import _run_cell_process, environment
+
+    b = BUDGETS[budget] if isinstance(budget, str) else budget
+    if isinstance(budget, str) and budget not in BUDGETS:
+        raise ValueError(f"unknown budget {budget!r}; budgets: {', '.join(BUDGETS)}")
+    if jobs is not None or threads is not None:
+        b = dataclasses.replace(b, jobs=jobs or b.jobs, threads=threads or b.threads)
+    pairs, notes = plan_cells(b, tasks, mechanisms, lengths=lengths, seeds=seeds, steps=steps,
+                              lr=lr)  # fmt: skip
+    for n in notes:
+        logger.warning("%s", n)
+    lm_tasks = sorted({t for t, _ in pairs if TASKS[t][0] == "lm"})
+    data_dir = _data_dir(data, lm_tasks)
+    out = Path(out)
+    manifest = {
+        "budget": b.to_dict(),
+        "lengths": list(lengths) if lengths else None,
+        "seeds": seeds,
+        "steps": steps,
+        "lr": lr,
+    }
+    _check_manifest(out, manifest, force)
+    out.mkdir(parents=True, exist_ok=True)
+    if force:
+        for name in (RESULTS, TABLE):
+            (out / name).unlink(missing_ok=True)
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1, default=str) + "\n")
+    results = out / RESULTS
+    done = _read_results(results)
+    env = environment(torch.device(b.device if b.device != "cuda" or torch.cuda.is_available()
+                                   else "cpu"), b.dtype, b.threads, peak=False)  # fmt: skip
+    lock = threading.Lock()
+    interrupted = threading.Event()
+
+    def execute(cells: list[dict[str, Any]], label: str) -> None:
+        todo = [c for c in cells if c["cell"] not in done]
+        if not todo:
+            return
+        bar = _bar(len(todo), label, progress)
+        with ThreadPoolExecutor(max_workers=max(1, b.jobs)) as pool:
+            futures = {pool.submit(_one, c): c for c in todo}
+            try:
+                for fut in as_completed(futures):
+                    c = futures[fut]
+                    rec = fut.result()
+                    if rec is None:
+                        continue
+                    with lock:
+                        done[c["cell"]] = rec
+                        with open(results, "a") as f:
+                            f.write(json.dumps(rec, default=str) + "\n")
+                    if on_record is not None:
+                        on_record(rec)
+                    if bar is not None:
+                        bar.update(1)
+                        bar.set_postfix_str(_short(rec))
+            except KeyboardInterrupt:
+                interrupted.set()
+                for f in futures:
+                    f.cancel()
+                raise
+            finally:
+                if bar is not None:
+                    bar.close()
+
+    def _one(c: dict[str, Any]) -> dict[str, Any] | None:
+        if interrupted.is_set():
+            return None
+        Path(c["run_dir"]).mkdir(parents=True, exist_ok=True)
+        try:
+            res = _run_cell_process(c, cell_timeout)
+        except KeyboardInterrupt:
+            interrupted.set()
+            return None
+        base = {k: c[k] for k in ("cell", "phase", "task", "mechanism", "length", "seed", "lr",
+                                  "steps", "batch", "settings", "model", "overrides")}  # fmt: skip
+        base.update(metric=TASKS[c["task"]][1], budget=b.name, env=env)
+        if "error" in res:
+            return {**base, "status": "error", "error": res["error"]}
+        return {**base, **res}
+
+    all_cells: list[dict[str, Any]] = []
+    n_seeds = {t: seeds or b.tasks[t].seeds for t in {t for t, _ in pairs}}
+    try:
+        for t in dict.fromkeys(t for t, _ in pairs):
+            tb = b.tasks[t]
+            t_lengths = list(lengths or tb.lengths)
+            mechs = [m for tt, m in pairs if tt == t]
+            rates = (lr,) if lr is not None else tb.lrs
+            sweep = []
+            if len(rates) > 1:
+                for m in mechs:
+                    for r in rates:
+                        sweep.append(_make_cell(b, t, m, t_lengths[0], r, 0, steps,
+                                                data=data_dir, out=out, phase="sweep"))  # fmt: skip
+                execute(sweep, f"{t}: learning-rate sweep")
+                all_cells += sweep
+            main = []
+            for s in range(n_seeds[t]):
+                for length in t_lengths:
+                    for m in mechs:
+                        if len(rates) > 1:
+                            recs = [done.get(cell_id(t, m, t_lengths[0], r, 0)) for r in rates]
+                            best = _best_lr([r for r in recs if r], TASKS[t][2])
+                            best = rates[len(rates) // 2] if best is None else best
+                        else:
+                            best = rates[0]
+                        main.append(_make_cell(b, t, m, length, best, s, steps, data=data_dir,
+                                               out=out))  # fmt: skip
+            main = [c for c in main if c["cell"] not in {x["cell"] for x in sweep}]
+            execute(main, f"{t}: cells")
+            all_cells += main
+            _report(out, done, plot)
+    except KeyboardInterrupt:
+        _report(out, done, plot)
+        finished = sum(c["cell"] in done for c in all_cells)
+        raise QualityInterrupted(finished, len(all_cells), out) from None
+    _report(out, done, plot)
+    return [done[c["cell"]] for c in all_cells if c["cell"] in done]
+
+
+def _short(rec: dict[str, Any]) -> str:
+    if rec.get("status") != "ok":
+        return f"{rec['cell']}: {rec.get('status')}"
+    return f"{rec['cell']}: {rec['metric']} {rec['test']:.3f}"
+
+
+def _bar(total: int, label: str, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    from ..progress import progress_bar
+
+    return progress_bar(total=total, desc=label, unit="cell")
+
+
+def _data_dir(data: str | Path | None, lm_tasks: list[str]) -> str | None:
+    if not lm_tasks:
+        return None
+    folder = data if data is not None else os.environ.get("EFFIFORMER_DATA")
+    if folder is None:
+        raise ValueError(
+            f"{', '.join(lm_tasks)} need the data folder (holding ptb/ and tinyshakespeare/): "
+            "pass --data DIR or set EFFIFORMER_DATA"
+        )
+    for t in lm_tasks:
+        rel = LM_DATA[t][0]
+        if not (Path(folder) / rel).exists():
+            raise ValueError(f"{t} needs {Path(folder) / rel}, which does not exist")
+    return str(Path(folder).resolve())
+
+
+def _check_manifest(out: Path, manifest: dict[str, Any], force: bool) -> None:
+    path = out / MANIFEST
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {str(out)!r} is a file, not a folder")
+    if force or not path.is_file():
+        if not force and (out / RESULTS).is_file():
+            raise ValueError(
+                f"{out} holds results.jsonl but no {MANIFEST} (not a quality run); choose "
+                "another --out or pass --force to replace it"
+            )
+        return
+    old = json.loads(path.read_text())
+    saved = json.loads(json.dumps(manifest, default=str))
+    if old != saved:
+        keys = sorted(k for k in set(old) | set(saved) if old.get(k) != saved.get(k))
+        raise ValueError(
+            f"{out} holds a quality run with another plan ({', '.join(keys)} differ); resume "
+            "it with the same settings, choose another --out, or pass --force to start over"
+        )
+
+
+# ---------------------------------------------------------------------------------- report
+
+
+def _mean_spread(values: list[float]) -> tuple[float, float]:
+    mean = statistics.fmean(values)
+    return mean, (max(values) - min(values)) / 2 if len(values) > 1 else 0.0
+
+
+def format_quality_table(records: list[dict[str, Any]]) -> str:
+    """Markdown: per task, one row per mechanism, one column per length, ``mean ± half-range
+    (n seeds)`` of the test metric; diverged and failed cells are counted in the cell."""
+    main = [r for r in records if r.get("phase") != "sweep" or r.get("seed") == 0]
+    out: list[str] = []
+    for task in TASKS:
+        recs = [r for r in main if r["task"] == task]
+        if not recs:
+            continue
+        metric, higher = TASKS[task][1], TASKS[task][2]
+        lengths = sorted({r["length"] for r in recs})
+        mechs = [m for m in MECHANISMS if any(r["mechanism"] == m for r in recs)]
+        out.append(f"### {task}: {TASKS[task][3]} ({'higher' if higher else 'lower'} is better)")
+        out.append("")
+        head = "| mechanism | lr | " + " | ".join(f"T={n}" for n in lengths) + " | settings |"
+        out.append(head)
+        out.append("|" + "---|" * (len(lengths) + 3))
+        for m in mechs:
+            row = [m]
+            lrs = sorted({r["lr"] for r in recs if r["mechanism"] == m and r["phase"] == "main"})
+            row.append(", ".join(f"{x:g}" for x in lrs) or "-")
+            for n in lengths:
+                cell = _pick(recs, m, n)
+                row.append(_fmt_cell(cell, metric))
+            settings = next((r["settings"] for r in recs if r["mechanism"] == m
+                             and r["length"] == lengths[-1]), None)  # fmt: skip
+            row.append(_fmt_settings(settings, MECHANISMS[m].note))
+            out.append("| " + " | ".join(row) + " |")
+        extra = _task_notes(task, recs)
+        if extra:
+            out.append("")
+            out.extend(extra)
+        out.append("")
+    return "\n".join(out)
+
+
+def _pick(recs: list[dict[str, Any]], m: str, n: int) -> list[dict[str, Any]]:
+    """The main cells of (m, n) at their chosen rate: the sweep cell of seed 0 at the best rate
+    counts as that seed's main cell."""
+    main = [r for r in recs if r["mechanism"] == m and r["length"] == n and r["phase"] == "main"]
+    rates = {r["lr"] for r in main}
+    sweep = [r for r in recs if r["mechanism"] == m and r["length"] == n
+             and r["phase"] == "sweep" and r["lr"] in rates]  # fmt: skip
+    if not main:  # only the sweep ran so far: show its best rate
+        sweep_all = [r for r in recs if r["mechanism"] == m and r["length"] == n]
+        ok = [r for r in sweep_all if r.get("status") == "ok"]
+        return [max(ok, key=lambda r: r["valid"] * (1 if TASKS[r["task"]][2] else -1))] if ok \
+            else sweep_all[:1]
+    return main + sweep
+
+
+def _fmt_cell(cells: list[dict[str, Any]], metric: str) -> str:
+    if not cells:
+        return "-"
+    ok = [c["test"] for c in cells if c.get("status") == "ok"]
+    bad = [c for c in cells if c.get("status") != "ok"]
+    scale = 100.0 if metric == "accuracy" else 1.0
+    unit = "%" if metric == "accuracy" else ""
+    text = ""
+    if ok:
+        mean, spread = _mean_spread([v * scale for v in ok])
+        digits = 1 if metric == "accuracy" else 3
+        text = f"{mean:.{digits}f}{unit}"
+        if len(ok) > 1:
+            text += f" ± {spread:.{digits}f}"
+        text += f" ({len(ok)})"
+    if bad:
+        kinds = sorted({c.get("status", "error") for c in bad})
+        text += (" " if text else "") + f"[{len(bad)} {'/'.join(kinds)}]"
+    return text
+
+
+def _fmt_settings(settings: dict[str, Any] | None, note: str) -> str:
+    if not settings:
+        return note
+    items = [f"{k}={v}" for k, v in settings.items() if k != "name"]
+    return (", ".join(items) + "; " if items else "") + note
+
+
+def _task_notes(task: str, recs: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    if task == "listops":
+        maj = [r["test_all"].get("majority_accuracy") for r in recs if r.get("test_all")]
+        if maj:
+            lines.append(f"Majority class of the test set: {100 * statistics.fmean(maj):.1f}%.")
+    if task == "duplication":
+        lsh = [r for r in recs if r.get("hash_evals")]
+        if lsh:
+            lines.append("LSH-trained models (2 hashes) evaluated with other hash counts and "
+                         "with full attention (test accuracy, mean over seeds):")  # fmt: skip
+            lines.append("")
+            lines.append("| T | 1 hash | 2 | 4 | 8 | full |")
+            lines.append("|---|---|---|---|---|---|")
+            for n in sorted({r["length"] for r in lsh}):
+                rs = [r["hash_evals"] for r in lsh if r["length"] == n]
+                cols = [statistics.fmean(h[k] for h in rs) for k in
+                        ("hashes_1", "hashes_2", "hashes_4", "hashes_8", "full")]  # fmt: skip
+                lines.append(f"| {n} | " + " | ".join(f"{100 * c:.1f}%" for c in cols) + " |")
+    if task == "mqar":
+        lines.append("Key-value pairs: T/16 (4 at 64 ... 64 at 1,024); chance = 1/128.")
+    return lines
+
+
+def _report(out: Path, done: dict[str, dict[str, Any]], plot: bool) -> None:
+    records = list(done.values())
+    if not records:
+        return
+    (out / TABLE).write_text(format_quality_table(records) + "\n")
+    if plot:
+        try:
+            plot_quality(records, out)
+        except ImportError:
+            logger.warning("matplotlib is not installed: no plots")
+
+
+def plot_quality(records: list[dict[str, Any]], out: Path) -> list[Path]:
+    """``mqar.png`` (test accuracy against length, one line per mechanism, seeds' range as error
+    bars) and ``lm.png`` (validation bpc against step and against training seconds, per LM task,
+    one line per mechanism, seed 0 at the chosen rate)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    mq = [r for r in records if r["task"] == "mqar" and r.get("status") == "ok"]
+    if mq:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for m in MECHANISMS:
+            pts = []
+            for n in sorted({r["length"] for r in mq if r["mechanism"] == m}):
+                vals = [r["test"] for r in _pick(mq, m, n) if r.get("status") == "ok"]
+                if vals:
+                    pts.append((n, statistics.fmean(vals), min(vals), max(vals)))
+            if pts:
+                xs, ys, lo, hi = zip(*pts, strict=True)
+                err = [[y - a for y, a in zip(ys, lo, strict=True)],
+                       [b - y for y, b in zip(ys, hi, strict=True)]]  # fmt: skip
+                ax.errorbar(xs, [100 * y for y in ys], yerr=[[100 * e for e in err[0]],
+                            [100 * e for e in err[1]]], marker="o", capsize=3, label=m)  # fmt: skip
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("sequence length (tokens); key-value pairs = length / 16")
+        ax.set_ylabel("test accuracy on queried values (%)")
+        ax.set_ylim(-2, 102)
+        ax.set_title("MQAR: recall against sequence length")
+        ax.legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        path = out / "mqar.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    lm = [r for r in records if TASKS[r["task"]][0] == "lm" and r.get("curve")]
+    lm_tasks = [t for t in TASKS if any(r["task"] == t for r in lm)]
+    if lm_tasks:
+        fig, axes = plt.subplots(len(lm_tasks), 2, figsize=(10, 3.6 * len(lm_tasks)),
+                                 squeeze=False)  # fmt: skip
+        for i, t in enumerate(lm_tasks):
+            for m in MECHANISMS:
+                cand = [r for r in lm if r["task"] == t and r["mechanism"] == m
+                        and r["seed"] == 0 and r["phase"] == "main"]  # fmt: skip
+                cand = cand or [r for r in lm if r["task"] == t and r["mechanism"] == m]
+                if not cand:
+                    continue
+                r = cand[0]
+                steps_, secs, vals = zip(*r["curve"], strict=True)
+                axes[i][0].plot(steps_, vals, label=m)
+                axes[i][1].plot(secs, vals, label=m)
+            axes[i][0].set_xlabel("optimizer step")
+            axes[i][1].set_xlabel("training seconds (sum of step times; see docs/quality.md)")
+            for ax in axes[i]:
+                ax.set_ylabel(f"{t}: validation bpc")
+            axes[i][0].legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        path = out / "lm.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    return written
