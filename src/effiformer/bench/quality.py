@@ -233,12 +233,13 @@ BUDGETS: dict[str, QualityBudget] = {
     "cpu": QualityBudget(
         "cpu", dim=64, n_layers=2, n_heads=2, threads=1, jobs=2,
         tasks={
-            "mqar": TaskBudget((64, 128, 256, 512, 1024), 3000, 2048, 3, _LRS, 500, min_batch=2),
-            "duplication": TaskBudget((128, 256, 512), 1500, 2048, 3, _LRS, 500, min_batch=2,
+            "mqar": TaskBudget((64, 256, 1024), 4000, 2048, 3, _LRS, 1000, min_batch=2,
+                               options={"eval_sequences": 256}),
+            "duplication": TaskBudget((256,), 2000, 2048, 3, _LRS, 500, min_batch=2,
                                       options={"vocab_size": 64}),
-            "listops": TaskBudget((128, 256), 1500, 4096, 2, _LRS, 500, min_batch=8),
-            "lm-ptb": TaskBudget((1024,), 600, 8192, 2, _LRS, 200, min_batch=2),
-            "lm-shakespeare": TaskBudget((1024,), 600, 8192, 2, _LRS, 200, min_batch=2),
+            "listops": TaskBudget((128,), 1500, 4096, 2, _LRS, 500, min_batch=8),
+            "lm-ptb": TaskBudget((1024,), 500, 4096, 2, _LRS, 250, min_batch=2),
+            "lm-shakespeare": TaskBudget((1024,), 500, 4096, 2, _LRS, 250, min_batch=2),
         },
         description="the 2-core CPU table (see docs/quality.md for its cost)",
     ),
@@ -270,7 +271,8 @@ def _model_overrides(
               "dropout": 0.0}  # fmt: skip
     kind = TASKS[task][0]
     if mech.family == "vanilla":
-        over = {**common, "ffn_dim": 4 * budget.dim, "attention": mech.attention(task, length)}
+        over = {**common, "ffn_dim": 4 * budget.dim, "attention": mech.attention(task, length),
+                "init": "lecun"}
         if mech.name == "lsra":
             over["attention"] = {**over["attention"], "attn_heads": budget.n_heads,
                                  "conv_heads": budget.n_heads}  # fmt: skip
@@ -386,7 +388,7 @@ def run_quality_cell(cell: dict[str, Any]) -> dict[str, Any]:
         weight_decay=0.0,
         betas=(0.9, 0.98),
         clip=1.0,
-        schedule="cosine",
+        schedule="constant",
         seed=int(cell["seed"]),
         device=device,
         bf16=cell.get("dtype") == "bfloat16",
@@ -623,13 +625,13 @@ def run_quality(
     lm_tasks = sorted({t for t, _ in pairs if TASKS[t][0] == "lm"})
     data_dir = _data_dir(data, lm_tasks)
     out = Path(out)
-    manifest = {
-        "budget": b.to_dict(),
-        "lengths": list(lengths) if lengths else None,
-        "seeds": seeds,
-        "steps": steps,
-        "lr": lr,
-    }
+    # what a cell's result depends on besides its id (task, mechanism, length, lr, seed): the
+    # budget's model and each task's steps, batch and options; other selections may differ
+    # between runs of one folder (more seeds, more lengths, a sweep after a fixed rate)
+    budget_dict = b.to_dict()
+    for k in ("jobs", "threads", "description"):
+        budget_dict.pop(k)
+    manifest = {"budget": budget_dict, "steps": steps}
     _check_manifest(out, manifest, force)
     out.mkdir(parents=True, exist_ok=True)
     if force:

@@ -1,0 +1,155 @@
+"""The quality suite (``effiformer bench --part quality``): a seconds-long end-to-end run, resume
+that skips finished cells, diverged cells recorded, and bad input refused in one line with nothing
+already written lost."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from effiformer.bench.quality import (
+    BUDGETS,
+    MECHANISMS,
+    TASKS,
+    fits,
+    format_quality_table,
+    mechanism_settings,
+    run_quality,
+    run_quality_cell,
+)
+from effiformer.cli import main
+
+
+def _records(out):
+    return [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+
+
+def test_every_mechanism_builds_for_every_task_it_fits_at_every_cpu_length():
+    from effiformer.bench.quality import _make_cell, check_cell
+
+    b = BUDGETS["cpu"]
+    for task, tb in b.tasks.items():
+        for m in MECHANISMS:
+            if not fits(m, task):
+                continue
+            for n in tb.lengths:
+                check_cell(_make_cell(b, task, m, n, 1e-3, 0, None, data=None))
+
+
+def test_settings_follow_the_papers_rules_for_the_length():
+    assert mechanism_settings("sparse-strided", "mqar", 256)["stride"] == 16  # ~ sqrt(T)
+    assert mechanism_settings("sparse-fixed", "mqar", 1024) == {
+        "name": "sparse", "pattern": "fixed", "stride": 32, "summary": 8}  # fmt: skip
+    assert mechanism_settings("adaptive-span", "mqar", 512)["max_span"] == 512
+    assert mechanism_settings("local", "mqar", 1024)["window"] == 32
+    assert mechanism_settings("local", "lm-ptb", 1024)["window"] == 128
+    assert mechanism_settings("xl", "lm-ptb", 1024) is None
+    assert not fits("adaptive-span", "listops") and fits("funnel", "listops")
+    assert not fits("funnel", "mqar") and fits("xl", "lm-ptb") and not fits("xl", "mqar")
+
+
+def test_smoke_run_end_to_end_then_resume_skips_finished_cells(tmp_path):
+    out = tmp_path / "q"
+    seen = []
+    recs = run_quality(["mqar", "duplication", "listops"], ["dense", "lsh", "funnel"],
+                       budget="smoke", out=out, progress=False, on_record=seen.append)  # fmt: skip
+    cells = {r["cell"] for r in recs}
+    assert cells == {
+        "mqar/dense/T64/lr0.003/s0", "mqar/lsh/T64/lr0.003/s0",
+        "duplication/dense/T64/lr0.003/s0", "duplication/lsh/T64/lr0.003/s0",
+        "listops/dense/T32/lr0.003/s0", "listops/lsh/T32/lr0.003/s0",
+        "listops/funnel/T32/lr0.003/s0",
+    }  # fmt: skip
+    assert all(r["status"] == "ok" for r in recs), [r.get("error") for r in recs]
+    for r in recs:
+        assert 0.0 <= r["test"] <= 1.0 and r["steps_done"] == 6 and r["params"] > 0
+        assert r["curve"] and r["curve"][-1][0] == 6
+    lsh = next(r for r in recs if r["cell"].startswith("duplication/lsh"))
+    assert set(lsh["hash_evals"]) == {"hashes_1", "hashes_2", "hashes_4", "hashes_8", "full"}
+    table = (out / "table.md").read_text()
+    assert "### mqar" in table and "### listops" in table and "| funnel |" in table
+    assert "Majority class" in table and "LSH-trained models" in table
+    assert (out / "results.jsonl").read_text().count("\n") == 7
+    # a rerun resumes: nothing runs again
+    seen.clear()
+    again = run_quality(["mqar", "duplication", "listops"], ["dense", "lsh", "funnel"],
+                        budget="smoke", out=out, progress=False, on_record=seen.append)  # fmt: skip
+    assert seen == [] and {r["cell"] for r in again} == cells
+    # a run killed mid-table: drop two finished records (and a line cut by the kill)
+    lines = (out / "results.jsonl").read_text().splitlines()
+    (out / "results.jsonl").write_text("\n".join(lines[:5]) + "\n" + lines[5][:20])
+    run_quality(["mqar", "duplication", "listops"], ["dense", "lsh", "funnel"],
+                budget="smoke", out=out, progress=False, on_record=seen.append)  # fmt: skip
+    assert sorted(r["cell"] for r in seen) == sorted(json.loads(x)["cell"] for x in lines[5:])
+
+
+def test_a_diverging_cell_is_recorded_as_diverged(tmp_path):
+    from effiformer.bench.quality import _make_cell
+
+    cell = _make_cell(BUDGETS["smoke"], "mqar", "dense", 64, 1e30, 0, 6, data=None, out=tmp_path)
+    cell["warmup"] = 1
+    rec = run_quality_cell(cell)
+    assert rec["status"] == "diverged" and "nan" in rec["diverged"]
+    table = format_quality_table([{**cell, **rec, "metric": "accuracy"}])
+    assert "[1 diverged]" in table
+
+
+def test_cli_smoke_prints_the_table(tmp_path, capsys):
+    out = tmp_path / "cli"
+    code = main(["bench", "--part", "quality", "--budget", "smoke", "--tasks", "mqar",
+                 "--attention", "dense", "local", "--out", str(out), "--no-progress"])  # fmt: skip
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "| dense |" in printed and "| local |" in printed and "window=32" in printed
+    assert (out / "mqar.png").is_file()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--tasks", "mqr"], "unknown task 'mqr'; known (closest first): mqar"),
+        (["--attention", "dens"], "unknown mechanism 'dens'; known (closest first): dense"),
+        (["--tasks", "listops", "--attention", "adaptive-span"],
+         "mechanism 'adaptive-span' fits none of the tasks listops"),
+        (["--tasks", "duplication", "--lengths", "63"], "duplication needs an even length"),
+        (["--tasks", "mqar", "--attention", "dense", "--lengths", "4000"],
+         "dense cannot run mqar at length 4000: 250 key-value pairs need"),
+        (["--tasks", "lm-ptb", "--budget", "smoke", "--data", "/nonexistent"],
+         "lm-ptb needs /nonexistent/ptb, which does not exist"),
+        (["--budget", "tpu"], "unknown budget 'tpu'"),
+        (["vanilla-tiny"], "--part quality trains its own models; drop NAME"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, argv, message):
+    out = tmp_path / "bad"
+    code = main(["bench", "--part", "quality", "--out", str(out), "--no-progress", *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err, err
+    assert len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_another_plan_in_the_same_folder_is_refused_and_nothing_is_lost(tmp_path, capsys):
+    out = tmp_path / "q"
+    assert main(["bench", "--part", "quality", "--budget", "smoke", "--tasks", "mqar",
+                 "--attention", "dense", "--out", str(out), "--no-progress"]) == 0  # fmt: skip
+    before = (out / "results.jsonl").read_text()
+    capsys.readouterr()
+    code = main(["bench", "--part", "quality", "--budget", "smoke", "--tasks", "mqar",
+                 "--attention", "dense", "--steps", "3", "--out", str(out), "--no-progress"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "another plan (steps differ)" in err
+    assert (out / "results.jsonl").read_text() == before
+
+
+def test_quality_flags_are_refused_outside_quality(capsys):
+    assert main(["bench", "--tasks", "mqar"]) == 2
+    assert "--tasks only apply to --part quality" in capsys.readouterr().err
+
+
+def test_tasks_and_mechanisms_are_listed(capsys):
+    assert main(["bench", "--list-mechanisms"]) == 0
+    text = capsys.readouterr().out
+    for name in (*TASKS, *MECHANISMS, *BUDGETS):
+        assert name in text
