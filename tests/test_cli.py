@@ -219,3 +219,17 @@ def test_generate_from_trained_dense_xl_and_compressive_runs(tmp_path, capsys):
         assert first == expected + ("" if expected.endswith("\n") else "\n")
     assert main(["generate", str(tmp_path / "vanilla-tiny"), "--temperature", "-1"]) == 2
     assert "temperature" in capsys.readouterr().err
+
+
+def test_train_prints_each_log_line_once(tmp_path):
+    # issue 28: tqdm's redirect beside the command line's own tqdm handler doubled every line
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "effiformer", "train", "vanilla-tiny", "--steps", "2",
+         "--eval-every", "2", "--seq-len", "32", "--batch", "2", "--eval-tokens", "256",
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if "step 2: valid" in ln]
+    assert len(lines) == 1, proc.stderr

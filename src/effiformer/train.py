@@ -749,7 +749,7 @@ def _train(model: nn.Module, task: Any, config: TrainConfig, d: _Dist, stop: Any
     from tqdm.auto import tqdm
     from tqdm.contrib.logging import logging_redirect_tqdm
 
-    from .progress import progress_enabled
+    from .progress import TqdmLoggingHandler, progress_enabled
 
     t_begin = time.monotonic()
     device = _resolve_device(config.device, d)
@@ -916,7 +916,10 @@ def _train(model: nn.Module, task: Any, config: TrainConfig, d: _Dist, stop: Any
         disable=not show,
         dynamic_ncols=True,
     )
-    redirect = logging_redirect_tqdm() if show else contextlib.nullcontext()
+    # tqdm's redirect swaps console handlers for its own; a handler that already writes through
+    # tqdm (the command line's) stays, and redirecting beside it printed every line twice
+    routed = any(isinstance(h, TqdmLoggingHandler) for h in logging.getLogger().handlers)
+    redirect = logging_redirect_tqdm() if show and not routed else contextlib.nullcontext()
     t_loop = _now()
     interrupted = False
     with redirect:
