@@ -188,6 +188,9 @@ class TaskBudget:
     min_batch: int = 1
     warmup: int = 100
     options: dict[str, Any] = field(default_factory=dict)
+    #: stop a cell once its validation metric reaches this (None: always train ``steps``);
+    #: the record keeps the step it stopped at (``steps_done``)
+    target: float | None = None
 
     def batch(self, length: int) -> int:
         return max(self.min_batch, self.tokens // length)
@@ -233,8 +236,8 @@ BUDGETS: dict[str, QualityBudget] = {
     "cpu": QualityBudget(
         "cpu", dim=64, n_layers=2, n_heads=2, threads=1, jobs=2,
         tasks={
-            "mqar": TaskBudget((64, 256, 1024), 4000, 2048, 3, _LRS, 1000, min_batch=2,
-                               options={"eval_sequences": 256}),
+            "mqar": TaskBudget((64, 256, 1024), 8000, 2048, 3, _LRS, 500, min_batch=2,
+                               options={"eval_sequences": 256}, target=0.995),
             "duplication": TaskBudget((256,), 2000, 2048, 3, _LRS, 500, min_batch=2,
                                       options={"vocab_size": 64}),
             "listops": TaskBudget((128,), 1500, 4096, 2, _LRS, 500, min_batch=8),
@@ -293,6 +296,7 @@ def _task_setup(cell: dict[str, Any]) -> tuple[Any, torch.nn.Module]:
     from ..registry import build_model, get_config
 
     task_name, length, seed = cell["task"], int(cell["length"]), int(cell["seed"])
+    torch.manual_seed(seed)  # the weights are a function of the seed, as the data is
     opts = dict(cell.get("task_options") or {})
     base, over = cell["model"], dict(cell["overrides"])
     batch = int(cell["batch"])
@@ -402,9 +406,10 @@ def run_quality_cell(cell: dict[str, Any]) -> dict[str, Any]:
     )
     model.to(device)
     status, error = "ok", None
+    stop = _TargetStop(task, TASKS[cell["task"]][1], cell.get("target"), TASKS[cell["task"]][2])
     t0 = time.perf_counter()
     try:
-        history = train(model, task, config)
+        history = train(model, stop.task, config, stop=stop)
     except FloatingPointError as e:
         status, error, history = "diverged", str(e).splitlines()[0][:300], None
     train_s = time.perf_counter() - t0
@@ -426,6 +431,28 @@ def run_quality_cell(cell: dict[str, Any]) -> dict[str, Any]:
     if cell["task"] == "duplication" and cell["mechanism"] == "lsh":
         rec["hash_evals"] = _hash_evals(model, task, int(cell["length"]))
     return rec
+
+
+class _TargetStop:
+    """A graceful-stop request for :func:`~effiformer.train.train` that turns true once a
+    validation score reaches ``target`` (``stop.task`` is the task with its ``evaluate``
+    watched)."""
+
+    def __init__(self, task: Any, metric: str, target: float | None, higher: bool) -> None:
+        self.requested = False
+        self.task = task
+        if target is None:
+            return
+        evaluate = task.evaluate
+
+        def watched(*args: Any, **kwargs: Any) -> dict[str, Any]:
+            result = evaluate(*args, **kwargs)
+            value = result.get(metric)
+            if value is not None and (value >= target if higher else value <= target):
+                self.requested = True
+            return result
+
+        task.evaluate = watched
 
 
 def _read_curve(path: Path, metric: str) -> tuple[list[list[float]], list[float]]:
@@ -557,6 +584,7 @@ def _make_cell(
         "batch": tb.batch(length),
         "warmup": tb.warmup,
         "eval_every": min(tb.eval_every, steps or tb.steps),
+        "target": tb.target,
         "task_options": dict(tb.options),
         "model": model,
         "overrides": over,
@@ -635,8 +663,11 @@ def run_quality(
     _check_manifest(out, manifest, force)
     out.mkdir(parents=True, exist_ok=True)
     if force:
+        import shutil
+
         for name in (RESULTS, TABLE):
             (out / name).unlink(missing_ok=True)
+        shutil.rmtree(out / "cells", ignore_errors=True)  # their checkpoints belong to the old plan
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1, default=str) + "\n")
     results = out / RESULTS
     done = _read_results(results)
