@@ -641,9 +641,9 @@ def run_quality(
     docstring). ``lr`` skips the sweep and trains every cell at that rate."""
     from .harness import _run_cell_process, environment
 
-    b = BUDGETS[budget] if isinstance(budget, str) else budget
     if isinstance(budget, str) and budget not in BUDGETS:
         raise ValueError(f"unknown budget {budget!r}; budgets: {', '.join(BUDGETS)}")
+    b = BUDGETS[budget] if isinstance(budget, str) else budget
     if jobs is not None or threads is not None:
         b = dataclasses.replace(b, jobs=jobs or b.jobs, threads=threads or b.threads)
     pairs, notes = plan_cells(b, tasks, mechanisms, lengths=lengths, seeds=seeds, steps=steps,
