@@ -233,3 +233,24 @@ def test_train_prints_each_log_line_once(tmp_path):
     assert proc.returncode == 0, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if "step 2: valid" in ln]
     assert len(lines) == 1, proc.stderr
+
+
+def test_list_attention_one_line_per_part(capsys):
+    # issue 28: no CLI way to list mechanisms
+    from effiformer.attention import list_attentions
+
+    assert main(["list", "--attention"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()[1:]
+    assert [ln.split()[0] for ln in lines] == list_attentions()
+    assert any(ln.split()[:2] == ["adaptive_span", "causal"] for ln in lines)
+    assert main(["list", "--attention", "nothing*"]) == 1
+
+
+def test_list_attentions_after_import_effiformer_as_the_readme_writes_it():
+    code = (
+        "import effiformer; a = effiformer.attention.list_attentions(); "
+        "assert a == effiformer.list_attentions() and 'routing' in a; print(len(a))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout) >= 12

@@ -4,8 +4,12 @@
 >>> model = effiformer.create_model("vanilla-tiny")
 >>> effiformer.list_models("vanilla-*")
 ['vanilla-base', 'vanilla-small', 'vanilla-tiny']
+>>> "routing" in effiformer.list_attentions()
+True
 """
 
+from . import attention
+from .attention import list_attentions
 from .checkpoint import load_model, save_model
 from .config import ConfigError, ModelConfig
 from .registry import build_model, create_model, get_config, list_models
@@ -17,7 +21,9 @@ __all__ = [
     "ModelConfig",
     "build_model",
     "create_model",
+    "attention",
     "get_config",
+    "list_attentions",
     "list_models",
     "load_model",
     "save_model",

@@ -408,12 +408,7 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
     """Measure one cell described by ``cell`` (the JSON the parent writes) and return the
     measurements: fwd_ms, fwd_bwd_ms (medians) and their samples, peak_mib, memory_method,
     flops_fwd, flops_fwd_bwd, params, and the workload's ``info``; for ``part="decoding"`` see
-    :func:`run_decoding_cell`; a quality-suite cell (``kind="quality"``) trains and scores a model
-    (:func:`effiformer.bench.quality.run_quality_cell`)."""
-    if cell.get("kind") == "quality":
-        from .quality import run_quality_cell
-
-        return run_quality_cell(cell)
+    :func:`run_decoding_cell`."""
     device = torch.device(cell["device"])
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("CUDA is not available")
@@ -571,15 +566,19 @@ def _parse_cell_argv(argv: list[str]) -> tuple[Path, Path]:
     return Path(values["--cell"]), Path(values["--result"])
 
 
-def cell_main(argv: list[str]) -> int:
+def cell_main(
+    argv: list[str], runners: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] | None = None
+) -> int:
     """``python -m effiformer.bench --cell CELL.json --result RESULT.json``: run one cell and
     write its measurements (or ``{"error": ...}``) to RESULT.json. Exit 0 on success, 1 on error,
-    130 (nothing written) when interrupted by SIGINT."""
+    130 (nothing written) when interrupted by SIGINT. ``runners``: the function for a cell of
+    another ``kind`` (the quality suite's, given by ``effiformer.bench.__main__``)."""
     cell_path, result_path = _parse_cell_argv(argv)
     _die_with_parent()
     cell = json.loads(cell_path.read_text())
+    run = (runners or {}).get(cell.get("kind", ""), run_cell)
     try:
-        result: dict[str, Any] = run_cell(cell)
+        result: dict[str, Any] = run(cell)
         code = 0
     except KeyboardInterrupt:  # Ctrl-C reaches the whole process group; the parent reports it
         return INTERRUPTED

@@ -22,11 +22,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "parameter counts (tied weights counted once). Translation models show their Mult-Adds "
         "(one 30-token sentence; embeddings and output projection excluded, as Lite Transformer "
         "and HAT count them).",
-        epilog="examples:\n  effiformer list\n  effiformer list 'vanilla-*'",
+        epilog="examples:\n  effiformer list\n  effiformer list 'vanilla-*'\n"
+        "  effiformer list --attention          # the attention parts, one line each",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("pattern", nargs="?", default="*", help="glob over names (default: *)")
     p.add_argument("-v", "--verbose", action="store_true", help="show each config")
+    p.add_argument(
+        "--attention", action="store_true",
+        help="list the registered attention parts (PATTERN globs over their names) with the "
+        "masks they take; use one with --set attention.name=NAME",
+    )  # fmt: skip
     add_common_flags(p, progress=False)
 
 
@@ -52,7 +58,23 @@ def format_count(n: int | None) -> str:
     return str(n)
 
 
+def _list_attention(pattern: str) -> int:
+    from ..attention import get_attention, list_attentions
+
+    names = list_attentions(pattern)
+    if not names:
+        print(f"no registered attention part matches {pattern!r}", file=sys.stderr)
+        return 1
+    print(f"{'# attention':<16} {'masks':<22} description")
+    for name in names:
+        spec = get_attention(name)
+        print(f"{name:<16} {'/'.join(spec.modes):<22} {spec.description}".rstrip())
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.attention:
+        return _list_attention(args.pattern)
     names = list_models(args.pattern)
     if not names:
         print(f"no registered model matches {args.pattern!r}", file=sys.stderr)
