@@ -236,15 +236,19 @@ def branch_widths(config: LSRAConfig, dim: int) -> tuple[int, int]:
 class LSRAState:
     """Incremental decoding state of an LSRA layer: ``attn``, the attention branch's KVCache
     (None without an attention branch); ``conv``, the convolution inputs of the last ``K - 1``
-    positions, (R, K - 1, C) (None without a convolution branch)."""
+    positions, (R, K - 1, C) (None without a convolution branch); ``seen``, the positions
+    decoded so far."""
 
     attn: KVCache | None
     conv: Tensor | None
+    seen: int = 0
 
     @property
     def length(self) -> int:
-        """Key positions already in the attention cache (0 without one)."""
-        return 0 if self.attn is None else self.attn.length
+        """Positions already decoded (what the model places the next token after). Counted
+        here, not read off the attention cache: a convolution-only layer (``lightconv``,
+        ``dynamicconv``) has none, and reading 0 put every new token at position 0."""
+        return self.seen
 
 
 class LSRAAttention(AttentionPart):
@@ -350,7 +354,11 @@ class LSRAAttention(AttentionPart):
             )
             outs.append(y)  # (B, Tq, D - a)
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)  # (B, Tq, D)
-        new_state = None if state is None else LSRAState(attn=attn_state, conv=conv_state)
+        new_state = (
+            None
+            if state is None
+            else LSRAState(attn=attn_state, conv=conv_state, seen=state.seen + x.shape[1])
+        )
         return AttentionOutput(out=out, state=new_state)
 
     # ---- cost -------------------------------------------------------------------------------

@@ -99,6 +99,7 @@ from .base import (
     AttentionDims,
     AttentionMask,
     AttentionOutput,
+    AttentionPart,
     PrepareContext,
     check_attention_inputs,
 )
@@ -844,6 +845,11 @@ class SparseAttention(DenseAttention):
     """Factorized sparse self-attention (see the module docstring) with dense Q, K, V, O
     projections. forward(x (B, T, D), *, mask) -> AttentionOutput(out (B, T, D)); ``kv`` and
     ``state`` must be ``None`` (the pattern is over one sequence; no decoding cache)."""
+
+    # The dense parent's KV cache does not apply: the pattern is over one whole sequence, so this
+    # part keeps no decoding state and generation recomputes the window for every new token.
+    init_decoding_state = AttentionPart.init_decoding_state
+    reorder_decoding_state = AttentionPart.reorder_decoding_state
 
     config: SparseConfig
 
