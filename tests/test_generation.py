@@ -198,3 +198,11 @@ def test_every_causal_registered_tiny_model_generates(name):
     ids = torch.randint(0, model.config.vocab_size, (1, 6))
     out = model.generate(ids, 4, temperature=0)
     assert out.shape == (1, 10) and torch.equal(out[:, :6], ids)
+
+
+@pytest.mark.parametrize("name", ["seq2seq-tiny", "lite-tiny", "hat-tiny"])
+def test_generate_on_an_encoder_decoder_names_translate(name):
+    # issue 28: an internal TypeError from init_decoding_state before
+    model = create_model(name)
+    with pytest.raises(TypeError, match=r"encoder-decoder: translate .* model\.translate"):
+        model.generate(torch.tensor([[5, 6, 7, EOS]]), 3)

@@ -168,6 +168,12 @@ class EffiModel(nn.Module):
         a stream (memory models); ``return_state``: also return the final state.
         """
         config = self.config
+        if callable(getattr(self, "translate", None)):
+            raise TypeError(
+                f"generate continues a prompt of a language model; this {config.family!r} model "
+                "is an encoder-decoder: translate source sentences with model.translate(sources, "
+                "beam=...) (token ids or strings with a tokenizer)"
+            )
         if not getattr(config, "causal", False):
             raise ValueError(
                 f"generate needs a causal language model; this {config.family!r} model is "
