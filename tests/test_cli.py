@@ -254,3 +254,16 @@ def test_list_attentions_after_import_effiformer_as_the_readme_writes_it():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert int(proc.stdout) >= 12
+
+
+def test_argument_errors_are_one_line(capsys):
+    # issue 28: argparse printed a 14-40 line usage block before the line that mattered
+    import pytest
+
+    for argv in (["train", "vanilla-tiny", "--device", "gpu"], ["bench", "--part", "nope"],
+                 ["train", "vanilla-tiny", "--stepz", "5"]):  # fmt: skip
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
+        assert "error:" in err and "--help" in err

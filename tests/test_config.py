@@ -40,7 +40,9 @@ def test_unknown_key_lists_closest_first():
 def test_unknown_name_lists_closest_first():
     with pytest.raises(KeyError) as e:
         create_model("vanilla-smal")
-    assert "(closest first): vanilla-small" in str(e.value)
+    # issue 28: the closest few, not all 51 names
+    assert "closest registered names: vanilla-small," in str(e.value)
+    assert str(e.value).count(",") == 4 and "`effiformer list` shows all" in str(e.value)
 
 
 def test_derived_fields_follow_overrides():

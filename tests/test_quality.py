@@ -110,13 +110,19 @@ def test_cli_smoke_prints_the_table(tmp_path, capsys):
     [
         (["--tasks", "mqr"], "unknown task 'mqr'; known (closest first): mqar"),
         (["--attention", "dens"], "unknown mechanism 'dens'; known (closest first): dense"),
-        (["--tasks", "listops", "--attention", "adaptive-span"],
-         "mechanism 'adaptive-span' fits none of the tasks listops"),
+        (
+            ["--tasks", "listops", "--attention", "adaptive-span"],
+            "mechanism 'adaptive-span' fits none of the tasks listops",
+        ),
         (["--tasks", "duplication", "--lengths", "63"], "duplication needs an even length"),
-        (["--tasks", "mqar", "--attention", "dense", "--lengths", "4000"],
-         "dense cannot run mqar at length 4000: 250 key-value pairs need"),
-        (["--tasks", "lm-ptb", "--budget", "smoke", "--data", "/nonexistent"],
-         "lm-ptb needs /nonexistent/ptb, which does not exist"),
+        (
+            ["--tasks", "mqar", "--attention", "dense", "--lengths", "4000"],
+            "dense cannot run mqar at length 4000: 250 key-value pairs need",
+        ),
+        (
+            ["--tasks", "lm-ptb", "--budget", "smoke", "--data", "/nonexistent"],
+            "lm-ptb needs /nonexistent/ptb, which does not exist",
+        ),
         (["--budget", "tpu"], "unknown budget 'tpu'"),
         (["vanilla-tiny"], "--part quality trains its own models; drop NAME"),
     ],

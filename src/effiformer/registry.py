@@ -80,10 +80,10 @@ def _ensure_loaded() -> None:
 def get_spec(name: str) -> ModelSpec:
     _ensure_loaded()
     if name not in _MODELS:
-        names = list(_MODELS)
+        names = closest(name, list(_MODELS))
         raise UnknownModelError(
-            f"unknown model name {name!r}; registered names (closest first): "
-            f"{', '.join(closest(name, names))}"
+            f"unknown model name {name!r}; closest registered names: {', '.join(names[:5])} "
+            f"(`effiformer list` shows all {len(names)})"
         )
     return _MODELS[name]
 

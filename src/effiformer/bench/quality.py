@@ -274,8 +274,12 @@ def _model_overrides(
               "dropout": 0.0}  # fmt: skip
     kind = TASKS[task][0]
     if mech.family == "vanilla":
-        over = {**common, "ffn_dim": 4 * budget.dim, "attention": mech.attention(task, length),
-                "init": "lecun"}
+        over = {
+            **common,
+            "ffn_dim": 4 * budget.dim,
+            "attention": mech.attention(task, length),
+            "init": "lecun",
+        }
         if mech.name == "lsra":
             over["attention"] = {**over["attention"], "attn_heads": budget.n_heads,
                                  "conv_heads": budget.n_heads}  # fmt: skip
@@ -868,8 +872,11 @@ def _pick(recs: list[dict[str, Any]], m: str, n: int) -> list[dict[str, Any]]:
     if not main:  # only the sweep ran so far: show its best rate
         sweep_all = [r for r in recs if r["mechanism"] == m and r["length"] == n]
         ok = [r for r in sweep_all if r.get("status") == "ok"]
-        return [max(ok, key=lambda r: r["valid"] * (1 if TASKS[r["task"]][2] else -1))] if ok \
+        return (
+            [max(ok, key=lambda r: r["valid"] * (1 if TASKS[r["task"]][2] else -1))]
+            if ok
             else sweep_all[:1]
+        )
     return main + sweep
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import typing
 
 from . import bench_cmd, eval_cmd, generate_cmd, list_cmd, search_cmd, train_cmd, translate_cmd
 from .common import EXIT_ERROR, EXIT_INTERRUPTED, report_error
@@ -65,8 +66,17 @@ def _version() -> str:
     )
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument error is one line naming the problem and where the help is (argparse's own
+    printed the whole usage block, 14-40 lines, before the line that mattered). Subcommand
+    parsers are of this class too (``add_subparsers`` uses the parent's class)."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="effiformer",
         description="Efficient Transformers behind one interface.",
         epilog=EPILOG,

@@ -89,7 +89,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         help="mechanisms (default: every one that fits each task); see --list-mechanisms",
     )  # fmt: skip
     q.add_argument("--budget", default="cpu", help="smoke, cpu or gpu (default: cpu)")
-    q.add_argument("--seeds", type=positive_int, default=None, help="seeds per cell (default: budget's)")
+    q.add_argument(
+        "--seeds", type=positive_int, default=None, help="seeds per cell (default: budget's)"
+    )
     q.add_argument(
         "--lr", type=positive_float, default=None,
         help="train every cell at this learning rate (default: sweep the budget's rates)",

@@ -230,3 +230,12 @@ def positive_float(text: str) -> float:
     if not v > 0:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return v
+
+
+def device_name(text: str) -> str:
+    """argparse ``type=``: ``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps``, checked when the
+    command line is read (before any data is loaded)."""
+    kind, _, index = text.partition(":")
+    if text in ("auto", "cpu", "cuda", "mps") or (kind == "cuda" and index.isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"expected auto, cpu, cuda, cuda:N or mps, got {text!r}")

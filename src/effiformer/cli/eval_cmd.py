@@ -10,7 +10,7 @@ from ..checkpoint import resolve_checkpoint, verify_checkpoint
 from ..progress import progress_enabled
 from ..tasks import get_task, list_tasks
 from ..tasks.registry import make_options
-from .common import add_common_flags, setup_logging
+from .common import add_common_flags, device_name, setup_logging
 from .flags import OptionFlags, add_option_flags
 
 EPILOG = """examples:
@@ -40,7 +40,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "test where labelled; translation: valid, test or any split of the data folder, e.g. "
         "test_2016_flickr",
     )
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda (default auto)")
+    p.add_argument(
+        "--device", type=device_name, default="auto", help="auto | cpu | cuda (default auto)"
+    )
     add_common_flags(p)
     specs = [(t, get_task(t).eval_options) for t in list_tasks()]
     flags = add_option_flags(

@@ -12,7 +12,7 @@ import torch
 from ..checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint
 from ..data import Vocab
 from ..tasks.base import resolve_device
-from .common import add_common_flags
+from .common import add_common_flags, device_name
 
 EPILOG = """examples:
   effiformer generate runs/tiny --prompt 'def main(' --max-new-tokens 100
@@ -47,7 +47,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
     p.add_argument("--top-p", type=float, help="sample among the smallest set with mass p")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda (default auto)")
+    p.add_argument(
+        "--device", type=device_name, default="auto", help="auto | cpu | cuda (default auto)"
+    )
     add_common_flags(p, progress=False)
 
 

@@ -37,7 +37,13 @@ from ..recipes import (
 from ..tasks import BuildContext, get_task, list_tasks
 from ..tasks.registry import make_options
 from ..train import METRICS, TrainConfig, train
-from .common import EXIT_INTERRUPTED, GracefulInterrupt, add_common_flags, setup_logging
+from .common import (
+    EXIT_INTERRUPTED,
+    GracefulInterrupt,
+    add_common_flags,
+    device_name,
+    setup_logging,
+)
 from .flags import OptionFlags, add_option_flags
 
 EPILOG = """examples:
@@ -118,7 +124,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "vocab_size comes from the data)",
     )
     p.add_argument("--seed", type=int, help="seed of weights, dropout and data order (default 0)")
-    p.add_argument("--device", help="auto | cpu | cuda | cuda:N (default auto)")
+    p.add_argument("--device", type=device_name, help="auto | cpu | cuda | cuda:N (default auto)")
     p.add_argument(
         "--bf16",
         action=argparse.BooleanOptionalAction,

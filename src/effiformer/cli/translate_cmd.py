@@ -11,7 +11,7 @@ from ..generation import translate
 from ..progress import progress_bar, progress_enabled
 from ..tasks.base import resolve_device
 from ..tasks.translation import check_pair, load_translation_run
-from .common import add_common_flags, positive_int
+from .common import add_common_flags, device_name, positive_int
 
 EPILOG = """examples:
   effiformer translate runs/m30k < sentences.en > sentences.de
@@ -39,7 +39,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--src", help="source language the caller expects (checked against the run)")
     p.add_argument("--tgt", help="target language the caller expects (checked against the run)")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda (default auto)")
+    p.add_argument(
+        "--device", type=device_name, default="auto", help="auto | cpu | cuda (default auto)"
+    )
     add_common_flags(p)
 
 

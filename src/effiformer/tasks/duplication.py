@@ -39,6 +39,7 @@ __all__ = [
     "evaluate_with_hashes",
 ]
 
+
 def duplication_batch(
     rows: int, seq_len: int, vocab_size: int, generator: torch.Generator
 ) -> tuple[Tensor, Tensor]:

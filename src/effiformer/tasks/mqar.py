@@ -92,9 +92,7 @@ def mqar_answers(input_ids: Tensor, n_pairs: int) -> Tensor:
     context = 2 * n_pairs
     out = torch.full_like(input_ids, IGNORE_INDEX)
     for r in range(rows):
-        table = {
-            int(input_ids[r, 2 * i]): int(input_ids[r, 2 * i + 1]) for i in range(n_pairs)
-        }
+        table = {int(input_ids[r, 2 * i]): int(input_ids[r, 2 * i + 1]) for i in range(n_pairs)}
         for pos in range(context, t):
             tok = int(input_ids[r, pos])
             if tok in table:
