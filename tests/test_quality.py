@@ -25,10 +25,11 @@ def _records(out):
     return [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
 
 
-def test_every_mechanism_builds_for_every_task_it_fits_at_every_cpu_length():
+@pytest.mark.parametrize("budget", ["cpu", "gpu"])
+def test_every_mechanism_builds_for_every_task_it_fits_at_every_length(budget):
     from effiformer.bench.quality import _make_cell, check_cell
 
-    b = BUDGETS["cpu"]
+    b = BUDGETS[budget]
     for task, tb in b.tasks.items():
         for m in MECHANISMS:
             if not fits(m, task):
@@ -159,3 +160,14 @@ def test_tasks_and_mechanisms_are_listed(capsys):
     text = capsys.readouterr().out
     for name in (*TASKS, *MECHANISMS, *BUDGETS):
         assert name in text
+
+
+def test_lm_smoke_on_real_text_with_recurrent_families(tmp_path, shared_data):
+    shared_data("ptb")
+    recs = run_quality(["lm-ptb"], ["dense", "xl", "compressive"], budget="smoke",
+                       out=tmp_path / "lm", data=shared_data.root, progress=False)  # fmt: skip
+    assert [r["status"] for r in recs] == ["ok"] * 3, [r.get("error") for r in recs]
+    for r in recs:
+        assert r["metric"] == "bpc" and 1.0 < r["test"] < 9.0 and r["curve"]
+    assert (tmp_path / "lm" / "lm.png").is_file()
+    assert "### lm-ptb" in (tmp_path / "lm" / "table.md").read_text()

@@ -247,13 +247,15 @@ BUDGETS: dict[str, QualityBudget] = {
         description="the 2-core CPU table (see docs/quality.md for its cost)",
     ),
     "gpu": QualityBudget(
-        "gpu", dim=128, n_layers=2, n_heads=4, device="cuda", dtype="bfloat16", threads=4, jobs=1,
+        "gpu", dim=128, n_layers=2, n_heads=4, device="cuda", dtype="bfloat16", threads=4, jobs=4,
         tasks={
-            "mqar": TaskBudget((256, 1024, 4096, 8192), 2000, 65536, 2, (3e-3,), 500,
-                               min_batch=4),
-            "lm-ptb": TaskBudget((4096, 16384), 500, 65536, 1, (1e-3,), 250, min_batch=2),
+            "mqar": TaskBudget((4096, 16384), 3000, 65536, 1, (1e-3,), 500, min_batch=4,
+                               options={"vocab_size": 8192, "eval_sequences": 128},
+                               target=0.995),
+            "lm-ptb": TaskBudget((4096, 16384), 1000, 65536, 1, (1e-3,), 500, min_batch=2),
         },
-        description="one lent H200, about 8 minutes, bf16 (not yet run)",
+        description="one lent H200 in one 8-minute run, bf16, 4 cells at a time (sized by "
+        "estimate: not yet run)",
     ),
 }  # fmt: skip
 
