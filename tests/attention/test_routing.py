@@ -185,6 +185,33 @@ def test_routing_heads_reach_beyond_the_local_window_through_their_cluster():
     assert_close(a[0, 16:], b[0, 16:], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_local_heads_see_their_own_block_and_the_previous_one_exactly(causal):
+    # issue 23: a mutant whose local heads drop the previous block was caught only by a memory
+    # test. Local heads only (routing_heads=0), window 8: a query in block 1 (positions 8..15)
+    # reads block 0; a query in block 2 does not (and, bidirectional, reads block 3 too).
+    cfg = RoutingConfig(routing_heads=0, window=8)
+    m = _part(cfg, dim=16, heads=2, causal=causal).double().eval()
+    mask = AttentionMask(causal=causal)
+    x = torch.randn(1, 32, 16, dtype=torch.float64)
+
+    def moved(pos):
+        x2 = x.clone()
+        x2[0, pos] += 1.0
+        return (_run(m, x2, mask).out - _run(m, x, mask).out).abs().amax(-1)[0]  # (T,)
+
+    d = moved(2)  # a key in block 0
+    assert d[10] > 1e-6 and d[15] > 1e-6  # block 1 reads its previous block
+    assert_close(d[16:], torch.zeros(16, dtype=torch.float64), rtol=0, atol=0)
+    d = moved(12)  # a key in block 1
+    assert d[16] > 1e-6 and d[23] > 1e-6  # block 2 reads block 1
+    assert_close(d[24:], torch.zeros(8, dtype=torch.float64), rtol=0, atol=0)
+    if causal:
+        assert_close(d[:12], torch.zeros(12, dtype=torch.float64), rtol=0, atol=0)
+    else:
+        assert d[0] > 1e-6  # bidirectional: block 0 reads the next block too
+
+
 # ----------------------------------------------------------- strided paths (memory-lean nodes)
 
 
