@@ -446,6 +446,28 @@ def test_update_averaging_over_ranks_equals_the_all_reduced_ema():
     assert not torch.allclose(naive, official, rtol=1e-3, atol=1e-3)
 
 
+def test_unshared_qk_kmeans_statistics_are_the_mean_of_the_query_and_key_terms():
+    # issue 23: with separate keys the k-means statistics average the query and key terms (the
+    # official update); a mutant that sums them passed every test. With k_proj = q_proj the
+    # average equals the shared-QK statistics of the same queries, the sum twice them.
+    cfg = RoutingConfig(routing_heads=2, window=8, clusters=4, cluster_window=8)
+    a = _part(dataclasses.replace(cfg, share_qk=False), dim=16, heads=2, causal=False).double()
+    b = _part(dataclasses.replace(cfg, share_qk=True), dim=16, heads=2, causal=False).double()
+    with torch.no_grad():
+        a.k_proj.weight.copy_(a.q_proj.weight)
+        for name in ("q_proj", "v_proj", "o_proj"):
+            getattr(b, name).load_state_dict(getattr(a, name).state_dict())
+        b.ema_sums.copy_(a.ema_sums)
+        b.ema_counts.copy_(a.ema_counts)
+    a.train(), b.train()
+    x = torch.randn(2, 32, 16, dtype=torch.float64)
+    mask = AttentionMask(causal=False)
+    ua, ub = _run(a, x, mask).updates, _run(b, x, mask).updates
+    assert_close(ua["ema_counts"], ub["ema_counts"], rtol=1e-12, atol=1e-12)
+    assert_close(ua["ema_sums"], ub["ema_sums"], rtol=1e-12, atol=1e-12)
+    assert not torch.equal(ub["ema_counts"], b.ema_counts)  # the update moved them
+
+
 def test_centroids_are_buffers_frozen_in_eval_and_outside_the_optimiser():
     torch.manual_seed(0)
     model = create_model("routing-tiny")
