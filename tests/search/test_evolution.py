@@ -86,3 +86,20 @@ def test_hat_search_scores_inherited_subtransformers_by_validation_loss():
     assert r.best_latency <= limit and TINY_SPACE.contains(r.best)
     assert r.best_fitness == pytest.approx(validation_loss(model, r.best, batches))
     assert r.best_fitness == min(h["best_fitness"] for h in r.history)
+
+
+@pytest.mark.parametrize("prob", [0.3, 0.1])
+def test_a_mutation_resamples_each_gene_with_the_mutation_probability(prob):
+    # issue 23: a mutant that resamples every gene passed every test. 100 genes of 10 choices,
+    # one parent, 200 mutated children: a gene differs from the parent's with probability
+    # prob * 9/10 (a resample may draw the same value).
+    genes = [tuple(range(10))] * 100
+    r = evolve(genes, tuple, lambda g: float(sum(g)), lambda g: 0.0, 1.0, population=201,
+               parents=1, mutations=200, crossovers=0, iterations=2, mutation_prob=prob, seed=3)  # fmt: skip
+    first = r.evaluated[:201]
+    parent = min(first, key=lambda e: e.fitness).gene
+    children = [e.gene for e in r.evaluated[201:]]
+    assert len(children) > 190  # nearly all distinct
+    changed = sum(a != b for c in children for a, b in zip(c, parent, strict=True))
+    frac = changed / (100 * len(children))
+    assert frac == pytest.approx(prob * 0.9, abs=0.02)
