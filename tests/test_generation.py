@@ -206,3 +206,49 @@ def test_generate_on_an_encoder_decoder_names_translate(name):
     model = create_model(name)
     with pytest.raises(TypeError, match=r"encoder-decoder: translate .* model\.translate"):
         model.generate(torch.tensor([[5, 6, 7, EOS]]), 3)
+
+
+class _Scripted:
+    """A decoder whose next-token distribution is a table over the prefix (no weights): beam
+    search's bookkeeping tested on exact numbers."""
+
+    def __init__(self, table, vocab=8):
+        from types import SimpleNamespace
+
+        self.config = SimpleNamespace(pad_id=PAD, bos_id=BOS, eos_id=EOS, seq_len=16)
+        self.table, self.vocab = table, vocab
+
+    def encode(self, src_ids, src_mask=None):
+        return src_ids
+
+    def init_decoding_state(self, enc, rows_per_sentence=1):
+        return [()] * (enc.shape[0] * rows_per_sentence)
+
+    def decode_step(self, tokens, state):
+        from types import SimpleNamespace
+
+        new = [p if int(t) == BOS else (*p, int(t)) for p, t in zip(state, tokens[:, -1])]
+        logits = torch.full((len(new), 1, self.vocab), math.log(1e-9))
+        for i, p in enumerate(new):
+            for tok, prob in self.table.get(p, {EOS: 1.0}).items():
+                logits[i, 0, tok] = math.log(prob)
+        return SimpleNamespace(logits=logits, state=new)
+
+    def reorder_decoding_state(self, state, index):
+        return [state[i] for i in index.tolist()]
+
+
+def test_beam_finishes_only_on_eos_among_the_first_k_candidates():
+    # issue 23 (fairseq's rule): with beam 1 there are 2 candidates; after "4" the best is "5"
+    # and EOS is second, so "4 EOS" must not finish even though it scores higher than what the
+    # beam can reach later ("4 5 EOS"); a mutant that took EOS from all 2K candidates passed.
+    model = _Scripted({(): {4: 0.9, 5: 0.1}, (4,): {5: 0.5, EOS: 0.4, 6: 0.1},
+                       (4, 5): {EOS: 0.1, 6: 0.9}})  # fmt: skip
+    src = torch.tensor([[4, EOS]])
+    [[best]] = beam_search(model, src, beam=1, lenpen=0.0, max_len_a=0.0, max_len_b=2)
+    assert best.tokens == [4, 5]
+    assert best.log_prob == pytest.approx(math.log(0.9 * 0.5 * 0.1), rel=1e-5)
+    # where EOS is the first candidate it finishes at once
+    model.table[(4,)] = {EOS: 0.6, 5: 0.4}
+    [[best]] = beam_search(model, src, beam=1, lenpen=0.0, max_len_a=0.0, max_len_b=2)
+    assert best.tokens == [4] and best.log_prob == pytest.approx(math.log(0.9 * 0.6), rel=1e-5)
