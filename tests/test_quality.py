@@ -171,3 +171,31 @@ def test_lm_smoke_on_real_text_with_recurrent_families(tmp_path, shared_data):
         assert r["metric"] == "bpc" and 1.0 < r["test"] < 9.0 and r["curve"]
     assert (tmp_path / "lm" / "lm.png").is_file()
     assert "### lm-ptb" in (tmp_path / "lm" / "table.md").read_text()
+
+
+def test_mqar_breakdown_splits_queries_by_what_the_last_layer_can_attend():
+    import torch
+
+    from effiformer import create_model
+    from effiformer.bench.quality import _last_layer_keep, mqar_breakdown
+    from effiformer.tasks.mqar import MQARTask
+
+    task = MQARTask(seq_len=128, eval_sequences=16)
+    torch.manual_seed(0)
+    local = create_model("vanilla-tiny", seq_len=128, vocab_size=256,
+                         attention={"name": "local", "window": 16})  # fmt: skip
+    keep = _last_layer_keep(local, 128)
+    # own block and the previous one, causally
+    assert keep[40, 32] and keep[40, 16] and not keep[40, 15] and not keep[40, 41]
+    d = mqar_breakdown(local, task, sequences=16)
+    assert d["queries"] == 16 * task.n_pairs
+    assert 0.0 < d["direct_fraction"] < 1.0  # some pairs beyond the window at T = 128
+    assert sum(v["queries"] for v in d["by_distance"].values()) == d["queries"]
+    dense = create_model("vanilla-tiny", seq_len=128, vocab_size=256)
+    assert mqar_breakdown(dense, task, sequences=4)["direct_fraction"] == 1.0
+    sparse = create_model("vanilla-tiny", seq_len=128, vocab_size=256,
+                          attention={"name": "sparse", "pattern": "strided", "stride": 8})  # fmt: skip
+    k = _last_layer_keep(sparse, 128)
+    assert k[100, 92] and k[100, 95] and not k[100, 91] and not k[100, 101]  # 92: (100-92)%8==0
+    lsh = create_model("vanilla-tiny", seq_len=128, vocab_size=256, attention="lsh")
+    assert "direct_fraction" not in mqar_breakdown(lsh, task, sequences=2)  # content-based

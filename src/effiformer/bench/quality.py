@@ -1009,3 +1009,119 @@ def plot_quality(records: list[dict[str, Any]], out: Path) -> list[Path]:
         plt.close(fig)
         written.append(path)
     return written
+
+
+# ---------------------------------------------------------------------------------- diagnostics
+
+
+def mqar_reach(model: torch.nn.Module, task: Any, *, sequences: int = 8) -> dict[str, float]:
+    """Whether each MQAR query *can* see its answer: the fraction of queries whose output logit
+    for the right value has a non-zero gradient with respect to the input embedding at the
+    pair's value position (``reach_value``) and at its key position (``reach_key``), over the
+    first ``sequences`` test sequences. Mechanism-agnostic: a local window that ends before the
+    pair gives exactly 0, an LSH bucket or a routing cluster that separates them too. A
+    mechanism's accuracy cannot exceed what it reaches (up to guessing among values)."""
+    from ..models.base import IGNORE_INDEX
+
+    was = model.training
+    model.eval()
+    xs, ys = task.split("test")
+    xs, ys = xs[:sequences], ys[:sequences]
+    n = task.n_pairs
+    captured: dict[str, torch.Tensor] = {}
+
+    def keep(_module: Any, _inputs: Any, output: torch.Tensor) -> torch.Tensor:
+        output = output.detach().requires_grad_(True)
+        captured["emb"] = output
+        return output
+
+    handle = model.embed.register_forward_hook(keep)
+    hits_v = hits_k = total = 0
+    try:
+        with torch.random.fork_rng():
+            torch.manual_seed(task.eval_seed)
+            for r in range(xs.shape[0]):
+                x, y = xs[r : r + 1], ys[r : r + 1]
+                keys = x[0, 0 : 2 * n : 2].tolist()
+                for pos in (y[0] != IGNORE_INDEX).nonzero().flatten().tolist():
+                    logits = model(x).logits  # (1, T, V)
+                    emb = captured["emb"]
+                    (g,) = torch.autograd.grad(logits[0, pos, int(y[0, pos])], emb)
+                    i = keys.index(int(x[0, pos]))
+                    strength = g[0].abs().amax(-1)  # (T,)
+                    hits_k += bool(strength[2 * i] > 0)
+                    hits_v += bool(strength[2 * i + 1] > 0)
+                    total += 1
+    finally:
+        handle.remove()
+        model.train(was)
+    return {"reach_key": hits_k / total, "reach_value": hits_v / total, "queries": total}
+
+
+def _last_layer_keep(model: torch.nn.Module, t: int) -> torch.Tensor | None:
+    """(T, T) bool: which keys some head of the model's last layer attends from each query, for
+    the mechanisms whose pattern is fixed by position (dense, local, sparse); None for the
+    content-based ones (LSH buckets, routing clusters) and others."""
+    config = model.config
+    att = config.attention.for_layer(config.n_layers - 1, config.n_layers)
+    i = torch.arange(t)[:, None]
+    j = torch.arange(t)[None, :]
+    causal = j <= i
+    if att.name in ("dense", "relative_xl", "adaptive_span"):
+        return causal  # adaptive span: the learned span may still cut it (see its report)
+    if att.name == "local":
+        w = att.window
+        return causal & (j // w >= i // w - att.look_backward)
+    if att.name == "sparse":
+        from ..attention.sparse import pattern_mask
+
+        return pattern_mask(att, t, config.n_heads, causal=True).any(0)
+    return None
+
+
+@torch.no_grad()
+def mqar_breakdown(model: torch.nn.Module, task: Any, *, sequences: int = 128) -> dict[str, Any]:
+    """MQAR test accuracy split by what the last layer can attend: ``direct`` (some head of the
+    last layer can attend from the query to the pair's value position, for position-fixed
+    patterns: dense, local, sparse) against ``indirect`` (the value must come through an earlier
+    layer's mixing), and by the query-to-value distance (bins of powers of two). A mechanism
+    at chance on indirect queries and right on direct ones cannot route the value in the depth
+    it has."""
+    from ..models.base import IGNORE_INDEX
+
+    was = model.training
+    model.eval()
+    xs, ys = task.split("test")
+    xs, ys = xs[:sequences], ys[:sequences]
+    keep = _last_layer_keep(model, xs.shape[1])
+    rows: list[tuple[int, bool, bool | None]] = []
+    try:
+        with torch.random.fork_rng():
+            torch.manual_seed(task.eval_seed)
+            for s in range(0, xs.shape[0], task.eval_batch_size):
+                x, y = xs[s : s + task.eval_batch_size], ys[s : s + task.eval_batch_size]
+                pred = model(x).logits.argmax(-1)
+                for r, q in (y != IGNORE_INDEX).nonzero().tolist():
+                    keys = x[r, 0 : 2 * task.n_pairs : 2].tolist()
+                    v = 2 * keys.index(int(x[r, q])) + 1
+                    ok = bool(pred[r, q] == y[r, q])
+                    rows.append((q - v, ok, None if keep is None else bool(keep[q, v])))
+    finally:
+        model.train(was)
+
+    def acc(sel: list[tuple[int, bool, bool | None]]) -> float | None:
+        return sum(ok for _, ok, _ in sel) / len(sel) if sel else None
+
+    out: dict[str, Any] = {"accuracy": acc(rows), "queries": len(rows)}
+    if keep is not None:
+        direct = [r for r in rows if r[2]]
+        indirect = [r for r in rows if not r[2]]
+        out.update(direct_fraction=len(direct) / len(rows), direct_accuracy=acc(direct),
+                   indirect_accuracy=acc(indirect))  # fmt: skip
+    bins: dict[str, list[Any]] = {}
+    for d, ok, k in rows:
+        lo = 1 << max(0, int(math.log2(max(d, 1))))
+        bins.setdefault(f"{lo}-{2 * lo - 1}", []).append((d, ok, k))
+    out["by_distance"] = {b: {"accuracy": acc(v), "queries": len(v)} for b, v in
+                          sorted(bins.items(), key=lambda kv: int(kv[0].split("-")[0]))}  # fmt: skip
+    return out
