@@ -699,6 +699,7 @@ def run_quality(
                         done[c["cell"]] = rec
                         with open(results, "a") as f:
                             f.write(json.dumps(rec, default=str) + "\n")
+                        _report(out, done, plot)  # the table and plots follow every cell
                     if on_record is not None:
                         on_record(rec)
                     if bar is not None:
