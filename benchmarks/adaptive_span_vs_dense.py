@@ -24,6 +24,10 @@ learned spans per layer and head) to ``OUT/results.jsonl``, a span plot per adap
     python benchmarks/adaptive_span_vs_dense.py --time-budget 2400 --seq-len 128 --batch 32 \\
         --dropout 0.1 --lr 1e-3 --threads 1        # the comparison (one model per core: --models)
     python benchmarks/adaptive_span_vs_dense.py --time-budget 40 --eval-tokens 8192   # a smoke run
+
+Reads ``tinyshakespeare/input.txt`` under the data folder: ``--data DIR``, else
+``$EFFIFORMER_DATA``, else ``../shared/data`` beside the checkout (checked first: one line on
+stderr and exit status 2 without it).
 """
 
 from __future__ import annotations
@@ -47,11 +51,14 @@ from effiformer.registry import family_config_class, get_spec
 from effiformer.tasks import LMTask
 from effiformer.train import TrainConfig, clip_gradients, train
 
-# ../shared/data beside the checkout; EFFIFORMER_DATA overrides.
-DATA = Path(
-    os.environ.get("EFFIFORMER_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")
-)
-CORPUS = (str(DATA / "tinyshakespeare" / "input.txt"), "text")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _data  # noqa: E402  (benchmarks/_data.py: where the data sets are)
+
+# ../shared/data beside the checkout; EFFIFORMER_DATA or --data DIR overrides.
+DATA = _data.data_root()
+CORPUS_NAME = "tinyshakespeare/input.txt"
+CORPUS = (str(DATA / CORPUS_NAME), "text")
 MODELS = ("vanilla-small", "span-xl", "span-vanilla")
 #: Each entry: the registered name it builds from.
 BASE = {
@@ -227,7 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--save-models", action="store_true", help="save under OUT/models/MODEL")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="benchmarks/out/adaptive_span_vs_dense")
+    _data.add_data_flag(p)
     args = p.parse_args(argv)
+    corpus_path = _data.require(__file__, args.data, CORPUS_NAME) / CORPUS_NAME
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -237,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     env["command"] = " ".join([sys.executable, *sys.argv])
     with open(out / "results.jsonl", "a") as f:
         f.write(json.dumps(env) + "\n")
-    corpus = load_corpus(*CORPUS)
+    corpus = load_corpus(str(corpus_path), "text")
     rows = [run_one(args, corpus, name, out) for name in args.models]
     budget = f"{args.steps} steps/run" if args.steps else f"{args.time_budget:.0f} s/run"
     print(f"\ntinyshakespeare, T={args.seq_len}, batch {args.batch}, {budget}, {args.threads} "

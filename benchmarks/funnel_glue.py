@@ -4,7 +4,7 @@ budget, then GLUE SST-2 and RTE fine-tuning; dev scores side by side.
     python benchmarks/funnel_glue.py --out runs/funnel_glue            # ~17 min on a shared 2-core CPU
     python benchmarks/funnel_glue.py --pretrain-seconds 30 --finetune-seconds 20   # smoke run
 
-Pretraining text (all offline, under ../shared/data; English, unlike the embedded stdlib code
+Pretraining text (all offline, under the data folder; English, unlike the embedded stdlib code
 corpus): the SST-2 *train* sentences, tinyshakespeare and the PTB train split; validation: the
 first lines of the PTB valid split. One WordPiece tokenizer (8,000 ids) is trained on that text
 and shared by both models. FLOPs are counted with ``torch.utils.flop_counter.FlopCounterMode`` on
@@ -12,6 +12,10 @@ one MLM forward of a (1, seq_len) batch, the dense depth is picked to match the 
 and each model gets the same wall-clock budget (steps are set from a measured step time so the
 cosine schedule completes; the time budget also caps the run). Results go to stdout and to
 ``OUT/results.jsonl`` as JSON lines with the environment.
+
+The data folder: ``--data DIR``, else ``$EFFIFORMER_DATA``, else ``../shared/data`` beside the
+checkout; it must hold ``glue/SST-2``, ``glue/RTE``, ``tinyshakespeare/input.txt`` and ``ptb/``
+(checked first: one line on stderr naming what is missing, exit status 2).
 """
 
 from __future__ import annotations
@@ -35,10 +39,22 @@ from effiformer.tasks.glue import GlueTask
 from effiformer.tasks.mlm import MLMTask, read_texts
 from effiformer.train import TrainConfig, train
 
-# ../shared/data beside the checkout; EFFIFORMER_DATA overrides.
-DATA = Path(
-    os.environ.get("EFFIFORMER_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")
-)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _data  # noqa: E402  (benchmarks/_data.py: where the data sets are)
+
+# ../shared/data beside the checkout; EFFIFORMER_DATA or --data DIR overrides.
+DATA = _data.data_root()
+#: What the script reads under the data folder (checked before any work).
+NEEDS = [
+    "glue/SST-2/train.tsv",
+    "glue/SST-2/dev.tsv",
+    "glue/RTE/train.tsv",
+    "glue/RTE/dev.tsv",
+    "tinyshakespeare/input.txt",
+    "ptb/ptb.train.txt",
+    "ptb/ptb.valid.txt",
+]
 
 
 def environment() -> dict:
@@ -283,11 +299,11 @@ def run(args: argparse.Namespace) -> None:
             )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--data", default=str(DATA))
+    _data.add_data_flag(p)
     p.add_argument("--out", default="runs/funnel_glue")
     p.add_argument("--vocab-size", type=int, default=8000)
     p.add_argument("--dim", type=int, default=256)
@@ -307,7 +323,8 @@ def main() -> None:
         default=1,
         help="torch threads (default 1: on a shared 2-core machine more threads oversubscribe)",
     )
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    args.data = str(_data.require(__file__, args.data, *NEEDS))
     torch.set_num_threads(args.threads)
     run(args)
 

@@ -19,6 +19,10 @@ hyper-parameters, on this CPU: a causal LM with local (sliding-chunk) attention
 
 Writes ``OUT/family.csv`` (+ sidecar), ``OUT/predictor.pt``, ``OUT/results.jsonl``,
 ``OUT/predicted_vs_measured.png`` and ``OUT/search.png``.
+
+``--fitness train`` reads ``tinyshakespeare/input.txt`` under the data folder: ``--data DIR``,
+else ``$EFFIFORMER_DATA``, else ``../shared/data`` beside the checkout (checked first: one line
+on stderr and exit status 2 without it).
 """
 
 from __future__ import annotations
@@ -48,9 +52,13 @@ from effiformer.search.family import (
 from effiformer.search.plots import plot_frontier, plot_predicted_vs_measured
 from effiformer.search.workflow import train_predictor_from_csv
 
-DATA = Path(
-    os.environ.get("EFFIFORMER_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")
-)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _data  # noqa: E402  (benchmarks/_data.py: where the data sets are)
+
+# ../shared/data beside the checkout; EFFIFORMER_DATA or --data DIR overrides.
+DATA = _data.data_root()
+CORPUS_NAME = "tinyshakespeare/input.txt"
 CHOICES = [
     "attention.window=64,128,256,512",
     "n_heads=2,4,8",
@@ -84,7 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iterations", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True)
+    _data.add_data_flag(p)
     args = p.parse_args(argv)
+    if args.fitness == "train":  # the only data it reads
+        corpus_path = _data.require(__file__, args.data, CORPUS_NAME) / CORPUS_NAME
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -119,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         from effiformer.tasks import LMTask
         from effiformer.train import TrainConfig
 
-        corpus = load_corpus(str(DATA / "tinyshakespeare" / "input.txt"), "text")
+        corpus = load_corpus(str(corpus_path), "text")
 
         def make_task(config):
             return LMTask(corpus, batch_size=8, seq_len=args.train_seq_len, eval_batch_size=8,

@@ -12,13 +12,17 @@ divided by [640, 6, 2048, 6, 640, 6, 2048, 6, 6, 2], latency by 300 / 200 / 5000
 
 Writes ``OUT/results.jsonl`` (environment, one record per device and seed) and
 ``OUT/<device>_seed<k>.png``.
+
+The files are read from ``hat-latency/`` under the data folder: ``--data DIR``, else
+``$EFFIFORMER_DATA``, else ``../shared/data`` beside the checkout (``--data`` may also name the
+``hat-latency`` folder itself); without them the script stops at once with one line on stderr
+and exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -31,27 +35,44 @@ from effiformer.search.latency import read_latency_csv
 from effiformer.search.plots import plot_predicted_vs_measured
 from effiformer.search.predictor import compare_predictors, hat_proxies
 
-DATA = Path(
-    os.environ.get("EFFIFORMER_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")
-)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _data  # noqa: E402  (benchmarks/_data.py: where the data sets are)
+
+# ../shared/data beside the checkout; EFFIFORMER_DATA or --data DIR overrides.
+DATA = _data.data_root()
 FILES = {"xeon": "cpu_xeon", "titanxp": "gpu_titanxp", "raspberrypi": "cpu_raspberrypi"}
+
+
+def _csv(device: str) -> str:
+    return f"wmt14ende_{FILES[device]}_all.csv"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--data", default=str(DATA / "hat-latency"))
+    _data.add_data_flag(p, itself="the hat-latency folder")
     p.add_argument("--devices", nargs="+", default=list(FILES), choices=list(FILES))
     p.add_argument("--seeds", nargs="+", type=int, default=[0])
     p.add_argument("--steps", type=int, default=5000)
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
+    files = [_csv(device) for device in args.devices]
+    args.data = str(
+        _data.require_dataset(
+            __file__,
+            args.data,
+            "hat-latency",
+            is_dataset=lambda path: all((path / f).is_file() for f in files),
+            what=f"hat-latency ({', '.join(files)})",
+        )
+    )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "results.jsonl", "w") as f:
         env = environment(torch.device("cpu"), "float32", 1, peak=False)
         f.write(json.dumps({"kind": "environment", **env, "argv": sys.argv[1:]}) + "\n")
         for device in args.devices:
-            data = read_latency_csv(Path(args.data) / f"wmt14ende_{FILES[device]}_all.csv")
+            data = read_latency_csv(Path(args.data) / _csv(device))
             proxies = hat_proxies(data.features)
             for seed in args.seeds:
                 t0 = time.monotonic()

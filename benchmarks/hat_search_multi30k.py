@@ -30,6 +30,11 @@ trained the same way. Test BLEU: sacreBLEU on ``test_2016_flickr``, beam 5, lenp
 
 Writes ``OUT/results.jsonl`` (environment, searches, trained models with their BLEU and measured
 latency), ``OUT/search_<limit>.json`` and ``OUT/bleu_vs_latency.png``.
+
+The parallel text is read from ``multi30k/`` under the data folder: ``--data DIR``, else
+``$EFFIFORMER_DATA``, else ``../shared/data`` beside the checkout (``--data`` may also name the
+Multi30k folder itself, as before); without it the script stops at once with one line on stderr
+and exit status 2.
 """
 
 from __future__ import annotations
@@ -62,9 +67,12 @@ from effiformer.search.predictor import load_predictor
 from effiformer.tasks.translation import TranslationTask
 from effiformer.train import TrainConfig, train
 
-DATA = Path(
-    os.environ.get("EFFIFORMER_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")
-)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _data  # noqa: E402  (benchmarks/_data.py: where the data sets are)
+
+# ../shared/data beside the checkout; EFFIFORMER_DATA or --data DIR overrides.
+DATA = _data.data_root()
 DENSE = ["decoder_layers=1", "decoder_layers=2", "n_layers=2 decoder_layers=2 dim=192 n_heads=4"]
 
 
@@ -102,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--super", required=True, help="SuperTransformer run directory")
     p.add_argument("--predictor", required=True)
     p.add_argument("--limits", nargs="+", type=float, required=True, help="ms")
-    p.add_argument("--data", default=str(DATA / "multi30k"))
+    _data.add_data_flag(p, itself="the Multi30k folder")
     p.add_argument("--population", type=int, default=125)
     p.add_argument("--parents", type=int, default=25)
     p.add_argument("--mutations", type=int, default=50)
@@ -126,6 +134,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
+    args.data = str(
+        _data.require_dataset(
+            __file__,
+            args.data,
+            "multi30k",
+            is_dataset=_data.parallel_folder(),
+            what="multi30k (train.*)",
+        )
+    )
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

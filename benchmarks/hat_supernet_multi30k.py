@@ -17,6 +17,11 @@ steps): loss and greedy BLEU of the largest and the smallest SubTransformer on t
 
 Writes the run directory ``OUT/`` (checkpoints, ``metrics.jsonl``) and ``OUT/results.jsonl``
 (environment, setup, the final evaluation).
+
+The parallel text is read from ``multi30k/`` under the data folder: ``--data DIR``, else
+``$EFFIFORMER_DATA``, else ``../shared/data`` beside the checkout (``--data`` may also name the
+Multi30k folder itself, as before); without it the script stops at once with one line on stderr
+and exit status 2.
 """
 
 from __future__ import annotations
@@ -41,14 +46,17 @@ from effiformer.tasks.supernet import SuperNetTask
 from effiformer.tasks.translation import TranslationTask
 from effiformer.train import TrainConfig, train
 
-DATA = Path(
-    os.environ.get("EFFIFORMER_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")
-)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _data  # noqa: E402  (benchmarks/_data.py: where the data sets are)
+
+# ../shared/data beside the checkout; EFFIFORMER_DATA or --data DIR overrides.
+DATA = _data.data_root()
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--data", default=str(DATA / "multi30k"))
+    _data.add_data_flag(p, itself="the Multi30k folder")
     p.add_argument("--src", default="en")
     p.add_argument("--tgt", default="de")
     p.add_argument("--model", default="hat-multi30k-super")
@@ -67,6 +75,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
+    args.data = str(
+        _data.require_dataset(
+            __file__,
+            args.data,
+            "multi30k",
+            is_dataset=_data.parallel_folder(args.src, args.tgt),
+            what=f"multi30k (train.{args.src}, train.{args.tgt})",
+        )
+    )
     if args.threads:
         torch.set_num_threads(args.threads)
     out = Path(args.out)

@@ -24,6 +24,11 @@ and each run's checkpoint under ``OUT/NAME/``.
     python benchmarks/lite_vs_dense_multi30k.py --time-budget 1200 --out runs/lite-vs-dense
     python benchmarks/lite_vs_dense_multi30k.py --time-budget 15 --lite-dims 64 96 128 \\
         --eval-sentences 50 --test-sentences 100 --latency-runs 3 --out /tmp/lite-smoke  # smoke
+
+The parallel text is read from ``multi30k/`` under the data folder: ``--data DIR``, else
+``$EFFIFORMER_DATA``, else ``../shared/data`` beside the checkout (``--data`` may also name the
+Multi30k folder itself, as before); without it the script stops at once with one line on stderr
+and exit status 2.
 """
 
 from __future__ import annotations
@@ -45,9 +50,12 @@ from effiformer.metrics import translation_scores
 from effiformer.tasks.translation import TranslationTask
 from effiformer.train import TrainConfig, train
 
-DATA = Path(
-    os.environ.get("EFFIFORMER_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")
-)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _data  # noqa: E402  (benchmarks/_data.py: where the data sets are)
+
+# ../shared/data beside the checkout; EFFIFORMER_DATA or --data DIR overrides.
+DATA = _data.data_root()
 LITE, DENSE = "lite-multi30k", "transformer-multi30k"
 
 
@@ -110,7 +118,7 @@ def _plot(records: list[dict], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--data", default=str(DATA / "multi30k"))
+    _data.add_data_flag(p, itself="the Multi30k folder")
     p.add_argument("--src", default="en")
     p.add_argument("--tgt", default="de")
     p.add_argument("--lite-dims", nargs="+", type=int, default=[128, 192, 256])
@@ -131,6 +139,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
+    args.data = str(
+        _data.require_dataset(
+            __file__,
+            args.data,
+            "multi30k",
+            is_dataset=_data.parallel_folder(args.src, args.tgt),
+            what=f"multi30k (train.{args.src}, train.{args.tgt})",
+        )
+    )
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -19,6 +19,10 @@ Writes ``OUT/ROW/`` (each row's run), ``OUT/summary.jsonl`` and ``OUT/bpc.png``,
 table of bpc, difference to the dense row, steps and tokens/s.
 
     python benchmarks/lm_mechanisms_tinyshakespeare.py --time-budget 300 --threads 1 --out OUT
+
+The data folder: ``--data DIR``, else ``$EFFIFORMER_DATA``, else ``../shared/data`` beside the
+checkout (``--data`` may also name ``input.txt`` itself); it must hold
+``tinyshakespeare/input.txt``, checked before the first row (one line and exit status 2 if not).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _data  # noqa: E402  (benchmarks/_data.py: where the data sets are)
 import train_tinyshakespeare  # noqa: E402  (the script beside this one)
 
 ROWS: dict[str, tuple[str, list[str]]] = {
@@ -66,7 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True)
+    _data.add_data_flag(p, itself="tinyshakespeare's input.txt")
     args = p.parse_args(argv)
+    corpus = _data.require_dataset(
+        __file__, args.data, train_tinyshakespeare.CORPUS_NAME, is_dataset=Path.is_file
+    )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     summary = out / "summary.jsonl"
@@ -83,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         flags = [
             "--model", model, "--time-budget", str(args.time_budget), "--threads", args.threads,
             "--seq-len", str(args.seq_len), "--batch", str(args.batch), "--seed", str(args.seed),
-            "--out", str(run_out), "--no-progress",
+            "--out", str(run_out), "--no-progress", "--data", str(corpus),
         ]  # fmt: skip
         for item in ["dropout=0.0", *sets]:
             flags += ["--set", item]

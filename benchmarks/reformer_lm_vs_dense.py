@@ -16,6 +16,9 @@ Writes JSON lines (the environment first, then one record per model) to ``OUT/re
 
     python benchmarks/reformer_lm_vs_dense.py --time-budget 1200          # the comparison
     python benchmarks/reformer_lm_vs_dense.py --time-budget 40            # smoke
+Reads ``tinyshakespeare/input.txt`` under the data folder: ``--data DIR``, else
+``$EFFIFORMER_DATA``, else ``../shared/data`` beside the checkout (checked first: one line on
+stderr and exit status 2 without it).
 """
 
 from __future__ import annotations
@@ -38,10 +41,14 @@ from effiformer.registry import get_config
 from effiformer.tasks import LMTask
 from effiformer.train import TrainConfig, train
 
-DATA = Path(
-    os.environ.get("EFFIFORMER_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")
-)
-CORPUS = (str(DATA / "tinyshakespeare" / "input.txt"), "text")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _data  # noqa: E402  (benchmarks/_data.py: where the data sets are)
+
+# ../shared/data beside the checkout; EFFIFORMER_DATA or --data DIR overrides.
+DATA = _data.data_root()
+CORPUS_NAME = "tinyshakespeare/input.txt"
+CORPUS = (str(DATA / CORPUS_NAME), "text")
 LSH = {"name": "lsh", "chunk_len": 64, "n_hashes": 4}
 ROWS = {
     "vanilla-small": ("vanilla-small", {"positions": "learned"}),
@@ -131,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--set", nargs="*", default=[], help="config overrides for every model")
     p.add_argument("--out", default="runs/reformer_lm_vs_dense")
+    _data.add_data_flag(p)
     args = p.parse_args(argv)
+    corpus_path = _data.require(__file__, args.data, CORPUS_NAME) / CORPUS_NAME
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -139,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     env = environment(torch.device("cpu"), "float32", torch.get_num_threads(), peak=False)
     with open(out / "results.jsonl", "a") as f:
         f.write(json.dumps({"kind": "environment", **env, "argv": argv or sys.argv[1:]}) + "\n")
-    corpus = load_corpus(*CORPUS)
+    corpus = load_corpus(str(corpus_path), "text")
     rows = [run_one(args, corpus, m, out) for m in args.models]
     print(f"{'model':<20} {'params':>9} {'steps':>6} {'tokens':>10} {'val bpc':>8}")
     for r in rows:

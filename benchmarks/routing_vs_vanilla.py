@@ -13,6 +13,9 @@ use relative ones). Writes JSON lines (environment first, one record per model) 
 
     python benchmarks/routing_vs_vanilla.py --time-budget 1200          # the comparison
     python benchmarks/routing_vs_vanilla.py --time-budget 60 --seq-len 256   # a smoke run
+Reads ``tinyshakespeare/input.txt`` under the data folder: ``--data DIR``, else
+``$EFFIFORMER_DATA``, else ``../shared/data`` beside the checkout (checked first: one line on
+stderr and exit status 2 without it).
 """
 
 from __future__ import annotations
@@ -34,10 +37,14 @@ from effiformer.data import load_corpus
 from effiformer.tasks import LMTask
 from effiformer.train import TrainConfig, clip_gradients, train
 
-DATA = Path(
-    os.environ.get("EFFIFORMER_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")
-)
-CORPUS = (str(DATA / "tinyshakespeare" / "input.txt"), "text")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _data  # noqa: E402  (benchmarks/_data.py: where the data sets are)
+
+# ../shared/data beside the checkout; EFFIFORMER_DATA or --data DIR overrides.
+DATA = _data.data_root()
+CORPUS_NAME = "tinyshakespeare/input.txt"
+CORPUS = (str(DATA / CORPUS_NAME), "text")
 MODELS = ("vanilla-small", "routing-small")
 
 
@@ -147,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="both models")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="benchmarks/out/routing_vs_vanilla")
+    _data.add_data_flag(p)
     args = p.parse_args(argv)
+    corpus_path = _data.require(__file__, args.data, CORPUS_NAME) / CORPUS_NAME
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -155,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     env = environment(torch.device("cpu"), "float32", torch.get_num_threads(), peak=False)
     with open(out / "results.jsonl", "a") as f:
         f.write(json.dumps({"kind": "environment", **env, "loadavg": os.getloadavg()}) + "\n")
-    corpus = load_corpus(*CORPUS)
+    corpus = load_corpus(str(corpus_path), "text")
     rows = [run_one(args, corpus, name, out) for name in args.models]
     print(f"{'model':16s} {'steps':>6s} {'train s':>8s} {'val bpc':>8s}")
     for r in rows:

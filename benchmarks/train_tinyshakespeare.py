@@ -9,6 +9,11 @@ schedule is sized to fill the budget. By default the model runs without dropout
 
     python benchmarks/train_tinyshakespeare.py                      # 600 s, the published figure
     python benchmarks/train_tinyshakespeare.py --time-budget 120    # a quick check
+    python benchmarks/train_tinyshakespeare.py --data DIR           # DIR/tinyshakespeare/input.txt
+
+The data folder: ``--data DIR``, else ``$EFFIFORMER_DATA``, else ``../shared/data`` beside the
+checkout (``--data`` may also name ``input.txt`` itself); without the file the script stops at
+once with one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -30,11 +35,14 @@ from effiformer.data import load_corpus
 from effiformer.tasks import LMTask
 from effiformer.train import TrainConfig, train
 
-# ../shared/data beside the checkout; EFFIFORMER_DATA overrides.
-DATA = Path(
-    os.environ.get("EFFIFORMER_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")
-)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _data  # noqa: E402  (benchmarks/_data.py: where the data sets are)
+
+# ../shared/data beside the checkout; EFFIFORMER_DATA or --data DIR overrides.
+DATA = _data.data_root()
 DEFAULT_DATA = str(DATA / "tinyshakespeare" / "input.txt")
+CORPUS_NAME = "tinyshakespeare/input.txt"
 # Dropout is off: a 600 s CPU run sees at most a few epochs of the 1 MB text, far from
 # overfitting, where dropout only slows learning. Pass --set dropout=0.1 for the registered
 # config as is.
@@ -72,7 +80,7 @@ def _calibrate(args: argparse.Namespace, corpus) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--data", default=DEFAULT_DATA, help="tinyshakespeare input.txt")
+    _data.add_data_flag(p, itself="tinyshakespeare's input.txt")
     p.add_argument("--model", default="vanilla-small")
     p.add_argument("--time-budget", type=float, default=600.0, help="seconds (default 600)")
     p.add_argument("--steps", type=int, help="schedule length (default: calibrated to the budget)")
@@ -98,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="benchmarks/out/train_tinyshakespeare")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
+    # the data first: a missing file is one line, before any work
+    args.data = str(
+        _data.require_dataset(__file__, args.data, CORPUS_NAME, is_dataset=Path.is_file)
+    )
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
     out = Path(args.out)

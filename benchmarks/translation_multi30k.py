@@ -35,6 +35,11 @@ and the model (``OUT/model/``: ``model.safetensors``, ``config.json``, ``tokeniz
     python benchmarks/translation_multi30k.py --time-budget 3600 --out runs/multi30k   # the figure
     python benchmarks/translation_multi30k.py --time-budget 150 --eval-every 20 \\
         --eval-sentences 200 --test-sentences 200 --out /tmp/m30k-smoke               # smoke
+
+The parallel text is read from ``multi30k/`` under the data folder: ``--data DIR``, else
+``$EFFIFORMER_DATA``, else ``../shared/data`` beside the checkout (``--data`` may also name the
+Multi30k folder itself, as before); without it the script stops at once with one line on stderr
+and exit status 2.
 """
 
 from __future__ import annotations
@@ -62,9 +67,12 @@ from effiformer.tasks.translation import (
 )
 from effiformer.train import TrainConfig, train
 
-DATA = Path(
-    os.environ.get("EFFIFORMER_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")
-)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _data  # noqa: E402  (benchmarks/_data.py: where the data sets are)
+
+# ../shared/data beside the checkout; EFFIFORMER_DATA or --data DIR overrides.
+DATA = _data.data_root()
 
 
 def _write(f, record: dict) -> None:
@@ -106,7 +114,7 @@ def _plot(evals: list[dict], test: dict | None, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--data", default=str(DATA / "multi30k"))
+    _data.add_data_flag(p, itself="the Multi30k folder")
     p.add_argument("--src", default="en")
     p.add_argument("--tgt", default="de")
     p.add_argument("--model", default="transformer-multi30k")
@@ -130,6 +138,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--progress", action="store_true", help="progress bars on stderr")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
+    args.data = str(
+        _data.require_dataset(
+            __file__,
+            args.data,
+            "multi30k",
+            is_dataset=_data.parallel_folder(args.src, args.tgt),
+            what=f"multi30k (train.{args.src}, train.{args.tgt})",
+        )
+    )
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -18,6 +18,10 @@ the same number of steps (the same tokens), which a loaded shared machine cannot
     python benchmarks/xl_vs_vanilla.py                                  # both corpora, 120 s/run
     python benchmarks/xl_vs_vanilla.py --corpora tinyshakespeare --time-budget 60
     python benchmarks/xl_vs_vanilla.py --set dim=128 n_heads=4 n_layers=2 ffn_dim=512
+
+The corpora are read under the data folder (``tinyshakespeare/input.txt``, ``ptb/``): ``--data
+DIR``, else ``$EFFIFORMER_DATA``, else ``../shared/data`` beside the checkout; a missing one
+stops the script before any training, with one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -41,14 +45,25 @@ from effiformer.models.transformer_xl import reconfigure
 from effiformer.tasks import LMTask
 from effiformer.train import TrainConfig, clip_gradients, train
 
-# ../shared/data beside the checkout; EFFIFORMER_DATA overrides.
-DATA = Path(
-    os.environ.get("EFFIFORMER_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")
-)
-CORPORA = {
-    "tinyshakespeare": (str(DATA / "tinyshakespeare" / "input.txt"), "text"),
-    "ptb": (str(DATA / "ptb"), "ptb"),
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _data  # noqa: E402  (benchmarks/_data.py: where the data sets are)
+
+#: Each corpus: its path under the data folder, its format, and the files that must be there.
+CORPUS_FILES = {
+    "tinyshakespeare": ("tinyshakespeare/input.txt", "text", ["tinyshakespeare/input.txt"]),
+    "ptb": ("ptb", "ptb", [f"ptb/ptb.{split}.txt" for split in ("train", "valid", "test")]),
 }
+
+
+def corpora(root: Path) -> dict[str, tuple[str, str]]:
+    """``{name: (path, format)}`` of the corpora under the data folder ``root``."""
+    return {name: (str(root / rel), fmt) for name, (rel, fmt, _) in CORPUS_FILES.items()}
+
+
+# ../shared/data beside the checkout; EFFIFORMER_DATA or --data DIR overrides.
+DATA = _data.data_root()
+CORPORA = corpora(DATA)
 MODELS = ("vanilla-small", "xl-small", "compressive-small")
 
 
@@ -244,7 +259,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="benchmarks/out/xl_vs_vanilla")
+    _data.add_data_flag(p)
     args = p.parse_args(argv)
+    needed = [f for name in args.corpora for f in CORPUS_FILES[name][2]]
+    paths = corpora(_data.require(__file__, args.data, *needed))
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -255,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         f.write(json.dumps(env) + "\n")
     rows = []
     for corpus_name in args.corpora:
-        path, fmt = CORPORA[corpus_name]
+        path, fmt = paths[corpus_name]
         corpus = load_corpus(path, fmt)
         for name in args.models:
             rows.append(run_one(args, corpus_name, corpus, name, out))

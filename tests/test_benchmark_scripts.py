@@ -3,8 +3,12 @@ the README reads from them (tiny sizes, fixed steps: nothing here is timed)."""
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from effiformer import load_model
@@ -124,3 +128,92 @@ def test_lm_mechanisms_rows_build_the_named_attention_in_the_same_decoder():
         out = model(torch.randint(0, 256, (1, 64)))
         assert out.logits.shape == (1, 64, model.config.vocab_size)
     assert rows["sparse-strided"][1][1:] == ["attention.pattern=strided", "attention.stride=16"]
+
+
+# ------------------------------------------------------------------------------------------------
+# Missing data (issue 28, item 6): one line naming the data set, exit status 2, no traceback
+# ------------------------------------------------------------------------------------------------
+
+#: Every script that reads a data set: the arguments it needs besides --data, and what its error
+#: line names.
+DATA_SCRIPTS = {
+    "train_tinyshakespeare": ([], "tinyshakespeare/input.txt"),
+    "lm_mechanisms_tinyshakespeare": (["--out", "OUT"], "tinyshakespeare/input.txt"),
+    "adaptive_span_vs_dense": (["--out", "OUT"], "tinyshakespeare/input.txt"),
+    "reformer_lm_vs_dense": (["--out", "OUT"], "tinyshakespeare/input.txt"),
+    "routing_vs_vanilla": (["--out", "OUT"], "tinyshakespeare/input.txt"),
+    "xl_vs_vanilla": (["--corpora", "ptb", "--out", "OUT"], "ptb/ptb.train.txt"),
+    "funnel_glue": (["--out", "OUT"], "glue/SST-2/train.tsv"),
+    "hat_beyond": (["--limits", "1", "--fitness", "train", "--out", "OUT"], "tinyshakespeare"),
+    "hat_predictor_released": (["--out", "OUT"], "hat-latency"),
+    "hat_supernet_multi30k": (["--out", "OUT"], "multi30k"),
+    "hat_search_multi30k": (
+        ["--super", "S", "--predictor", "P", "--limits", "1", "--out", "OUT"],
+        "multi30k",
+    ),
+    "lite_vs_dense_multi30k": (["--out", "OUT"], "multi30k"),
+    "translation_multi30k": (["--out", "OUT"], "multi30k"),
+}
+
+
+def _argv(name: str, tmp_path: Path) -> list[str]:
+    return [str(tmp_path / a) if a in ("OUT", "S", "P") else a for a in DATA_SCRIPTS[name][0]]
+
+
+def test_every_data_script_is_listed():
+    """A new script that reads EFFIFORMER_DATA joins DATA_SCRIPTS (and checks its data first)."""
+    readers = {
+        p.stem
+        for p in (ROOT / "benchmarks").glob("*.py")
+        if "_data.data_root" in p.read_text() or "EFFIFORMER_DATA" in p.read_text()
+    }
+    readers.discard("_data")  # the helper itself
+    assert readers <= set(DATA_SCRIPTS), readers - set(DATA_SCRIPTS)
+
+
+@pytest.mark.parametrize("name", sorted(DATA_SCRIPTS))
+def test_a_script_without_its_data_stops_first_with_one_line(name, tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    module = _script(name)
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(SystemExit) as stop:
+            module.main([*_argv(name, tmp_path), "--data", str(empty)])
+    finally:
+        torch.set_num_threads(threads)
+        sys.path[:] = [p for p in sys.path if p != str(ROOT / "benchmarks")]
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"{name}.py: needs ") and DATA_SCRIPTS[name][1] in err
+    assert f"under the data folder {empty} (set --data DIR or EFFIFORMER_DATA)" in err
+    assert sorted(os.listdir(tmp_path)) == ["empty"]  # nothing written before the check
+
+
+def test_the_readme_commands_without_data_print_one_line_not_a_traceback(tmp_path):
+    """`python benchmarks/SCRIPT.py` as the README runs it, in a clone without the data: exit 2
+    and one line naming the data set, with --data DIR or EFFIFORMER_DATA pointing at an empty
+    folder."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    runs = [
+        ("train_tinyshakespeare", ["--data", str(empty)], {}),
+        ("translation_multi30k", ["--data", str(empty)], {}),
+        ("funnel_glue", ["--data", str(empty)], {}),
+        ("xl_vs_vanilla", [], {"EFFIFORMER_DATA": str(empty)}),
+    ]
+    for name, flags, extra in runs:
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), *_argv(name, tmp_path),
+             *flags],
+            capture_output=True, text=True, cwd=tmp_path, env={**env, **extra}, timeout=300,
+        )  # fmt: skip
+        assert proc.returncode == 2, (name, proc.stderr[-2000:])
+        assert "Traceback" not in proc.stderr
+        lines = proc.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"{name}.py: needs "), proc.stderr
+        assert DATA_SCRIPTS[name][1] in lines[0] and str(empty) in lines[0]
+        assert proc.stdout == ""
+    assert sorted(os.listdir(tmp_path)) == ["empty"]

@@ -221,6 +221,111 @@ def test_generate_from_trained_dense_xl_and_compressive_runs(tmp_path, capsys):
     assert "temperature" in capsys.readouterr().err
 
 
+# ------------------------------------------------------------------------------------------------
+# a folder of effiformer.save_model where a command takes a run (issue 28, item 5)
+# ------------------------------------------------------------------------------------------------
+
+
+def _one_error_line(capsys, command: str) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"effiformer {command}: error: "), err
+    return err
+
+
+def test_generate_takes_a_saved_byte_level_model(tmp_path, capsys):
+    """The README's `effiformer.save_model(model, "ckpt")` then `effiformer generate ckpt`: a
+    byte-level model (vocab_size 256) needs no vocabulary, the prompt is its UTF-8 bytes."""
+    import torch
+
+    import effiformer
+    from effiformer.data import Vocab
+
+    torch.manual_seed(0)
+    model = effiformer.create_model("vanilla-tiny")
+    ckpt = tmp_path / "ckpt"
+    effiformer.save_model(model, ckpt)
+    gen = ["generate", str(ckpt), "--prompt", "the quick", "--max-new-tokens", "12",
+           "--top-k", "5", "--seed", "3", "--device", "cpu"]  # fmt: skip
+    assert main(gen) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    vocab = Vocab.byte_level()
+    ids = vocab.encode("the quick")[None, :]  # (1, 9): the prompt's bytes
+    out = model.eval().generate(ids, 12, top_k=5, generator=torch.Generator().manual_seed(3))
+    expected = vocab.decode(out[0])
+    assert captured.out == expected + ("" if expected.endswith("\n") else "\n")
+    assert captured.out.startswith("the quick")
+    # without a prompt: it starts from a line break and prints only what the model wrote
+    assert main(["generate", str(ckpt), "--max-new-tokens", "4", "--device", "cpu"]) == 0
+    assert capsys.readouterr().out.endswith("\n")
+
+    # another vocabulary size: the ids mean nothing without the run's vocab.json, said in one line
+    small = tmp_path / "v10"
+    effiformer.save_model(effiformer.create_model("vanilla-tiny", vocab_size=10), small)
+    assert main(["generate", str(small), "--prompt", "ab", "--device", "cpu"]) == 2
+    err = _one_error_line(capsys, "generate")
+    assert "saved model" in err and "vocab.json" in err and "vocab_size=10" in err
+    # ... which can be put beside the weights (of the model's size)
+    (small / "vocab.json").write_text(Vocab(unit="char", tokens=tuple("abcdefg \n")).to_json())
+    assert main(["generate", str(small), "--prompt", "ab", "--device", "cpu"]) == 2
+    assert "9 tokens but the model's vocab_size is 10" in _one_error_line(capsys, "generate")
+    (small / "vocab.json").write_text(Vocab(unit="char", tokens=tuple("abcdefgh \n")).to_json())
+    argv = ["generate", str(small), "--prompt", "ab", "--max-new-tokens", "3", "--device", "cpu"]
+    assert main(argv) == 0
+    assert capsys.readouterr().out.startswith("ab")
+    # an encoder-decoder is named as such, not a traceback
+    effiformer.save_model(effiformer.create_model("seq2seq-tiny"), tmp_path / "s2s")
+    assert main(["generate", str(tmp_path / "s2s"), "--device", "cpu"]) == 2
+    assert "effiformer translate" in _one_error_line(capsys, "generate")
+
+
+def test_eval_resume_and_translate_name_what_a_saved_model_lacks(tmp_path, capsys):
+    """A saved model has weights and a config only: commands that need more (eval: the task and
+    data; train --resume: the trainer state; translate: the tokenizer) say so in one line, exit 2,
+    instead of calling the folder an interrupted save."""
+    import effiformer
+
+    ckpt = tmp_path / "ckpt"
+    effiformer.save_model(effiformer.create_model("vanilla-tiny"), ckpt)
+    assert main(["eval", str(ckpt), "--no-progress"]) == 2
+    err = _one_error_line(capsys, "eval")
+    assert "saved model" in err and "run folder" in err and "interrupted" not in err
+    assert main(["train", "--resume", str(ckpt), "--no-progress"]) == 2
+    err = _one_error_line(capsys, "train")
+    assert "saved model" in err and "trainer.pt" in err and "interrupted" not in err
+    assert main(["translate", str(ckpt), "--device", "cpu"]) == 2
+    assert "not a translation model" in _one_error_line(capsys, "translate")
+    s2s = tmp_path / "s2s"
+    effiformer.save_model(effiformer.create_model("seq2seq-tiny"), s2s)
+    assert main(["translate", str(s2s), "--device", "cpu"]) == 2
+    err = _one_error_line(capsys, "translate")
+    assert "saved model" in err and "tokenizer.json" in err and "interrupted" not in err
+
+
+def test_translate_takes_a_saved_model_with_its_tokenizer_beside(tmp_path, capsys, monkeypatch):
+    import io
+
+    import torch
+
+    import effiformer
+    from effiformer.data.tokenizer import SubwordTokenizer
+
+    tokenizer = SubwordTokenizer.train(
+        ["a big dog runs.", "ein großer Hund läuft.", "a red man.", "ein roter Mann."],
+        vocab_size=60,
+        min_frequency=1,
+    )
+    torch.manual_seed(0)
+    model = effiformer.create_model("seq2seq-tiny", vocab_size=tokenizer.vocab_size)
+    folder = tmp_path / "m"
+    effiformer.save_model(model, folder)
+    tokenizer.save(folder)
+    stdin = io.TextIOWrapper(io.BytesIO(b"a big dog runs.\n\na red man.\n"))
+    monkeypatch.setattr(sys, "stdin", stdin)
+    assert main(["translate", str(folder), "--beam", "1", "--device", "cpu", "--no-progress"]) == 0
+    assert capsys.readouterr().out.split("\n")[1::2] == ["", ""]  # three lines, the empty kept
+
+
 def test_train_prints_each_log_line_once(tmp_path):
     # issue 28: tqdm's redirect beside the command line's own tqdm handler doubled every line
     out = tmp_path / "run"

@@ -12,9 +12,11 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from ..checkpoint import CONFIG, LATEST, META, TRAINER_STATE, WEIGHTS, CheckpointError
 from ..progress import TqdmLoggingHandler
 
 __all__ = [
@@ -27,6 +29,8 @@ __all__ = [
     "GracefulInterrupt",
     "add_common_flags",
     "report_error",
+    "saved_model_dir",
+    "saved_model_lacks",
     "setup_logging",
 ]
 
@@ -197,6 +201,34 @@ def report_error(command: str | None, error: BaseException) -> int:
         file=sys.stderr,
     )
     return EXIT_FAILED
+
+
+# ------------------------------------------------------------------------------------------------
+# Saved models (effiformer.save_model) where a command takes a run
+# ------------------------------------------------------------------------------------------------
+
+
+def saved_model_dir(path: str | os.PathLike) -> Path | None:
+    """``path`` as a folder of :func:`effiformer.save_model` (``model.safetensors`` +
+    ``config.json``: weights and config, none of a training run's files: no ``meta.json``,
+    ``trainer.pt`` or ``latest``), else None: a run directory, a run checkpoint, or something
+    :func:`effiformer.checkpoint.resolve_checkpoint` names in its error. A run checkpoint whose
+    ``meta.json`` is missing still has ``trainer.pt``, so it stays an interrupted save."""
+    p = Path(path)
+    if not p.is_dir() or any((p / name).exists() for name in (META, TRAINER_STATE, LATEST)):
+        return None
+    if (p / CONFIG).is_file() and (p / WEIGHTS).is_file():
+        return p
+    return None
+
+
+def saved_model_lacks(directory: Path, what: str, how: str) -> CheckpointError:
+    """The one-line error of a command given a saved model that lacks what it needs: ``DIR is a
+    saved model (effiformer.save_model: weights and config only) without WHAT; HOW``."""
+    return CheckpointError(
+        f"{str(directory)!r} is a saved model (effiformer.save_model: weights and config only) "
+        f"without {what}; {how}"
+    )
 
 
 def positive_int(text: str) -> int:

@@ -1,5 +1,7 @@
 """``effiformer eval``: score a checkpoint through the task that trained it (the task recorded in
-its ``meta.json``, resolved by the task registry), print a JSON record (and a summary line)."""
+its ``meta.json``, resolved by the task registry), print a JSON record (and a summary line).
+A folder of :func:`effiformer.save_model` records no task or data (nor the vocabulary its ids
+mean): it is refused in one line that says so."""
 
 from __future__ import annotations
 
@@ -10,7 +12,13 @@ from ..checkpoint import resolve_checkpoint, verify_checkpoint
 from ..progress import progress_enabled
 from ..tasks import get_task, list_tasks
 from ..tasks.registry import make_options
-from .common import add_common_flags, device_name, setup_logging
+from .common import (
+    add_common_flags,
+    device_name,
+    saved_model_dir,
+    saved_model_lacks,
+    setup_logging,
+)
 from .flags import OptionFlags, add_option_flags
 
 EPILOG = """examples:
@@ -20,7 +28,9 @@ EPILOG = """examples:
   effiformer eval runs/sst2                      # a GLUE fine-tuning run: its dev set
   effiformer eval runs/m30k --split test_2016_flickr --beam 5 --out hyps.de   # BLEU and chrF
 (DATA: your copy of the data sets.) Progress bars go to stderr (--no-progress: none); the
-JSON record and the summary line to stdout."""
+JSON record and the summary line to stdout. eval needs a training run (effiformer train ... --out
+RUN): a folder of effiformer.save_model records neither the task and data to score it on nor
+the vocabulary of its ids."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -31,7 +41,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("checkpoint", help="run directory (uses its latest checkpoint) or checkpoint")
+    p.add_argument(
+        "checkpoint",
+        help="run directory (uses its latest checkpoint) or checkpoint of effiformer train",
+    )
     p.add_argument(
         "--split",
         default="valid",
@@ -57,6 +70,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     flags: OptionFlags = args.task_flags
     setup_logging()
+    saved = saved_model_dir(args.checkpoint)
+    if saved is not None:
+        raise saved_model_lacks(
+            saved,
+            "the task, data and vocabulary that eval scores a checkpoint with (a training run's "
+            "meta.json and vocab.json or tokenizer.json)",
+            "pass the run folder of effiformer train NAME ... --out RUN",
+        )
     checkpoint = resolve_checkpoint(args.checkpoint)
     meta = verify_checkpoint(checkpoint)
     task_name = (meta.get("task") or {}).get("task") or "lm"

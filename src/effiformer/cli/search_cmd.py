@@ -10,7 +10,13 @@ import json
 from pathlib import Path
 
 from ..config import parse_overrides
-from .common import positive_float, positive_int, setup_logging
+from .common import (
+    positive_float,
+    positive_int,
+    saved_model_dir,
+    saved_model_lacks,
+    setup_logging,
+)
 
 EPILOG = """examples:
   effiformer search latency-data --space multi30k --n 300 --out runs/hat/lat.csv
@@ -186,6 +192,14 @@ def _evolve(args: argparse.Namespace) -> dict:
         )
         ylabel = "minus parameters (M)"
     else:
+        saved = saved_model_dir(args.run)
+        if saved is not None:
+            raise saved_model_lacks(
+                saved,
+                "the tokenizer and data of its SuperTransformer run (tokenizer.json, meta.json) "
+                "that evolve scores candidates with",
+                "pass the run folder of effiformer train NAME --task translation --out RUN",
+            )
         result, record = workflow.evolve_supernet_run(
             args.run, args.predictor, args.latency_ms, data=args.data, split=args.split,
             sentences=args.sentences, device=args.device, export=args.export, **evo,

@@ -42,6 +42,8 @@ from .common import (
     GracefulInterrupt,
     add_common_flags,
     device_name,
+    saved_model_dir,
+    saved_model_lacks,
     setup_logging,
 )
 from .flags import OptionFlags, add_option_flags
@@ -208,6 +210,14 @@ def run(args: argparse.Namespace) -> int:
     name = args.name
     task_name = args.task or "lm"
     if args.resume is not None:
+        bare = saved_model_dir(args.resume)
+        if bare is not None:
+            raise saved_model_lacks(
+                bare,
+                "the trainer state, task and data (trainer.pt, train_config.json, meta.json) that "
+                "--resume continues a run from",
+                "--resume takes the run folder of effiformer train NAME ... --out RUN",
+            )
         resume = resolve_checkpoint(args.resume)
         meta = verify_checkpoint(resume)
         saved_train = read_train_config(resume)

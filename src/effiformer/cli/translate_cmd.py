@@ -1,24 +1,42 @@
 """``effiformer translate RUN < in.txt > out.txt``: translate one sentence per line with a
 translation run (what :func:`effiformer.tasks.translation.translate_file` does, with the run
-checked before stdin is read); progress on stderr."""
+checked before stdin is read); progress on stderr. A folder of :func:`effiformer.save_model`
+works too once the tokenizer of its run (``tokenizer.json``) is put beside its weights; without
+one it is refused in one line that says so."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+from typing import Any
 
+import torch
+from torch import nn
+
+from ..checkpoint import load_config, load_model
+from ..data.tokenizer import TOKENIZER_FILE, SubwordTokenizer, TokenizerError
 from ..generation import translate
 from ..progress import progress_bar, progress_enabled
 from ..tasks.base import resolve_device
-from ..tasks.translation import check_pair, load_translation_run
-from .common import add_common_flags, device_name, positive_int
+from ..tasks.translation import check_pair, load_translation_run, read_pair
+from .common import (
+    add_common_flags,
+    device_name,
+    positive_int,
+    saved_model_dir,
+    saved_model_lacks,
+)
 
 EPILOG = """examples:
   effiformer translate runs/m30k < sentences.en > sentences.de
   echo 'A dog runs in the snow.' | effiformer translate runs/m30k --beam 1
   effiformer translate runs/m30k --src en --tgt de --beam 5 --lenpen 1.0 < in.txt > out.txt
 One sentence per line (an empty line gives an empty line); sentences longer than the model's
-limit are truncated with a warning. The output is written when every line is translated."""
+limit are truncated with a warning. The output is written when every line is translated.
+A folder of effiformer.save_model (model.safetensors + config.json) holds no tokenizer: put the
+tokenizer.json of its translation run beside model.safetensors (translation.json, the language
+pair, too, for --src/--tgt to be checked)."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -29,7 +47,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("run", help="run directory (its latest checkpoint) or checkpoint directory")
+    p.add_argument(
+        "run",
+        help="run directory (its latest checkpoint), checkpoint directory, or a folder of "
+        "effiformer.save_model with its run's tokenizer.json",
+    )
     p.add_argument("--beam", type=positive_int, default=5, help="beam size; 1 = greedy (default 5)")
     p.add_argument(
         "--lenpen", type=float, default=1.0, help="length penalty: score / len**lenpen (default 1)"
@@ -45,10 +67,41 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_common_flags(p)
 
 
+def _load_saved_model(
+    directory: Path, device: torch.device
+) -> tuple[nn.Module, SubwordTokenizer, dict[str, Any]]:
+    """(model in eval mode, tokenizer, meta) of a folder of :func:`effiformer.save_model` with
+    a ``tokenizer.json`` (and optionally the ``translation.json`` pair) beside the weights, as
+    :func:`~effiformer.tasks.translation.load_translation_run` gives them for a run."""
+    family = load_config(directory).family
+    if family != "seq2seq":
+        raise ValueError(f"{directory} holds a {family!r} model, not a translation model")
+    if not (directory / TOKENIZER_FILE).is_file():
+        raise saved_model_lacks(
+            directory,
+            f"the tokenizer translate reads and writes sentences with ({TOKENIZER_FILE})",
+            f"pass the translation run folder (effiformer train NAME --task translation --out "
+            f"RUN), or put that run's {TOKENIZER_FILE} beside model.safetensors",
+        )
+    tokenizer = SubwordTokenizer.load(directory)
+    model = load_model(directory, map_location=device)
+    if model.config.vocab_size != tokenizer.vocab_size:
+        raise TokenizerError(
+            f"{directory}: the model has vocab_size={model.config.vocab_size} but its "
+            f"{TOKENIZER_FILE} has {tokenizer.vocab_size} ids; the files are from different runs"
+        )
+    model.to(device).eval()
+    return model, tokenizer, {"pair": read_pair(directory), "path": str(directory)}
+
+
 def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     # the run first: a wrong run or direction is named before stdin is read
-    model, tokenizer, meta = load_translation_run(args.run, device=device)
+    saved = saved_model_dir(args.run)
+    if saved is not None:
+        model, tokenizer, meta = _load_saved_model(saved, device)
+    else:
+        model, tokenizer, meta = load_translation_run(args.run, device=device)
     pair = meta.get("pair")
     if pair is not None and (args.src is not None or args.tgt is not None):
         check_pair(
