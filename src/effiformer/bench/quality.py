@@ -1068,8 +1068,14 @@ def _last_layer_keep(model: torch.nn.Module, t: int) -> torch.Tensor | None:
     i = torch.arange(t)[:, None]
     j = torch.arange(t)[None, :]
     causal = j <= i
-    if att.name in ("dense", "relative_xl", "adaptive_span"):
-        return causal  # adaptive span: the learned span may still cut it (see its report)
+    if att.name in ("dense", "relative_xl"):
+        return causal
+    if att.name == "adaptive_span":  # keys closer than the widest learned reach of a head
+        from ..attention.adaptive_span import span_report
+
+        last = [r for r in span_report(model) if r["layer"] == config.n_layers - 1]
+        reach = max(r["reach"] for r in last)
+        return causal & ((i - j) < reach)
     if att.name == "local":
         w = att.window
         return causal & (j // w >= i // w - att.look_backward)
