@@ -1,7 +1,10 @@
 """Why a quality-suite row is weak: MQAR accuracy of every trained cell split by what its last
 layer can attend (``effiformer.bench.quality.mqar_breakdown``): queries whose pair's value lies
 inside the last layer's pattern (``direct``) against those it can only reach through an earlier
-layer (``indirect``), and by query-to-value distance.
+layer (``indirect``), and by query-to-value distance. For Routing cells (MQAR and duplication):
+how often a query and the position it needs (the pair's value; the copy source half a sequence
+back) fall in the same k-means cluster of a routing head (``colocated``), against the rate of
+clusters drawn at random (w / T).
 
 Reads ``OUT/results.jsonl`` and the checkpoints the run left in ``OUT/cells/`` (the run keeps
 each cell's last checkpoint), writes ``OUT/diagnostics.jsonl`` and prints a table.
@@ -18,9 +21,46 @@ from pathlib import Path
 
 import torch
 
+import effiformer.attention.routing as routing_module
 from effiformer.bench.quality import BUDGETS, mqar_breakdown
 from effiformer.checkpoint import load_checkpoint
+from effiformer.models.base import IGNORE_INDEX
+from effiformer.tasks.duplication import DuplicationTask
 from effiformer.tasks.mqar import MQARTask
+
+
+@torch.no_grad()
+def routing_colocation(model, x, needs):
+    """Per routing call (layer) and head: the fraction of (query, needed position) pairs that
+    share a cluster, and w / T. ``needs``: per row, a list of (query position, needed position)."""
+    calls = []
+    original = routing_module.route
+
+    def spy(scores, window, real=None):
+        idx = original(scores, window, real)
+        calls.append(idx)
+        return idx
+
+    routing_module.route = spy
+    try:
+        model.eval()
+        model(x)
+    finally:
+        routing_module.route = original
+    out = []
+    for layer, idx in enumerate(calls):  # (B, H, K, w)
+        b, h, k, w = idx.shape
+        for head in range(h):
+            hit = total = 0
+            for row in range(b):
+                member = torch.zeros(k, x.shape[1], dtype=torch.bool)
+                member.scatter_(1, idx[row, head], True)
+                for q, src in needs[row]:
+                    hit += bool((member[:, q] & member[:, src]).any())
+                    total += 1
+            out.append({"call": layer, "head": head, "colocated": hit / total,
+                        "random": w / x.shape[1]})  # fmt: skip
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,6 +78,32 @@ def main(argv: list[str] | None = None) -> int:
     recs = [json.loads(x) for x in results.read_text().splitlines() if x.strip()]
     rows = []
     for r in recs:
+        if (
+            r["mechanism"] == "routing"
+            and r["task"] in ("mqar", "duplication")
+            and (out / "cells" / r["cell"].replace("/", "_") / "latest").exists()
+        ):
+            model, _ = load_checkpoint(out / "cells" / r["cell"].replace("/", "_"))
+            opts = BUDGETS[r["budget"]].tasks[r["task"]].options
+            if r["task"] == "mqar":
+                task = MQARTask(seq_len=r["length"], batch_size=r["batch"], seed=r["seed"], **opts)
+                x, y = task.split("test")
+                x, y = x[:16], y[:16]
+                needs = []
+                for row in range(x.shape[0]):
+                    keys = x[row, 0 : 2 * task.n_pairs : 2].tolist()
+                    needs.append([(q, 2 * keys.index(int(x[row, q])) + 1)
+                                  for q in (y[row] != IGNORE_INDEX).nonzero().flatten().tolist()])  # fmt: skip
+            else:
+                task = DuplicationTask(seq_len=r["length"], batch_size=r["batch"], seed=r["seed"],
+                                       **opts)  # fmt: skip
+                x, _ = task.split("test")
+                x = x[:16]
+                half = r["length"] // 2
+                needs = [[(q, q - half + 1) for q in range(half, x.shape[1])]] * x.shape[0]
+            coloc = routing_colocation(model, x, needs)
+            rows.append({"cell": r["cell"], "mechanism": "routing", "length": r["length"],
+                         "routing_colocation": coloc})  # fmt: skip
         if r["task"] != "mqar" or r.get("status") != "ok":
             continue
         run = out / "cells" / r["cell"].replace("/", "_")
@@ -60,10 +126,21 @@ def main(argv: list[str] | None = None) -> int:
     print("| cell | accuracy | direct share | direct acc. | indirect acc. | by distance |")
     print("|---|---|---|---|---|---|")
     for row in rows:
+        if "routing_colocation" in row:
+            continue
         dist = ", ".join(f"{b}: {pct(v['accuracy'])}" for b, v in row["by_distance"].items())
         print(f"| {row['cell']} | {pct(row['accuracy'])} | {pct(row.get('direct_fraction'))} | "
               f"{pct(row.get('direct_accuracy'))} | {pct(row.get('indirect_accuracy'))} | "
               f"{dist} |")  # fmt: skip
+    coloc = [row for row in rows if "routing_colocation" in row]
+    if coloc:
+        print()
+        print("| routing cell | layer | head | query and needed position in one cluster | random |")
+        print("|---|---|---|---|---|")
+        for row in coloc:
+            for c in row["routing_colocation"]:
+                print(f"| {row['cell']} | {c['call']} | {c['head']} | {pct(c['colocated'])} | "
+                      f"{pct(c['random'])} |")  # fmt: skip
     return 0
 
 
