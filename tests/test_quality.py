@@ -48,6 +48,14 @@ def test_settings_follow_the_papers_rules_for_the_length():
     assert mechanism_settings("xl", "lm-ptb", 1024) is None
     assert not fits("adaptive-span", "listops") and fits("funnel", "listops")
     assert not fits("funnel", "mqar") and fits("xl", "lm-ptb") and not fits("xl", "mqar")
+    # ablations run only when named
+    from effiformer.bench.quality import plan_cells
+
+    pairs, _ = plan_cells(BUDGETS["cpu"], ["duplication"])
+    assert "adaptive-span-full" not in {m for _, m in pairs} and ("duplication", "dense") in pairs
+    pairs, _ = plan_cells(BUDGETS["cpu"], ["duplication"], ["adaptive-span-full"])
+    assert pairs == [("duplication", "adaptive-span-full")]
+    assert mechanism_settings("adaptive-span-full", "duplication", 256)["init_span"] == 1.0
 
 
 def test_smoke_run_end_to_end_then_resume_skips_finished_cells(tmp_path):

@@ -103,6 +103,9 @@ class Mechanism:
     kinds: tuple[str, ...]
     attention: Callable[[str, int], dict[str, Any] | None]
     note: str = ""
+    #: in the default selection; ablations (a setting changed to test why a row is weak) run
+    #: only when named with ``--attention``
+    default: bool = True
 
 
 def _pow2_sqrt(t: int) -> int:
@@ -156,6 +159,14 @@ MECHANISMS: dict[str, Mechanism] = {
                   "Compressive, memory = compressed memory = segment / 2"),
         Mechanism("funnel", "funnel", ("bidirectional",), lambda task, t: None,
                   "Funnel encoder, pooled blocks"),
+        # ablations: one setting changed, to test an explanation of a weak row
+        Mechanism("adaptive-span-full", "vanilla", ("causal", "lm"),
+                  lambda task, t: {"name": "adaptive_span", "max_span": t, "init_span": 1.0},
+                  "ablation: spans start at S instead of 0", default=False),
+        Mechanism("routing-wide", "vanilla", ("causal", "bidirectional", "lm"),
+                  lambda task, t: {"name": "routing", "window": _window(task, t), "clusters": 4},
+                  "ablation: 4 clusters of T/4 tokens instead of sqrt(T) of sqrt(T)",
+                  default=False),
     )
 }  # fmt: skip
 
@@ -245,6 +256,14 @@ BUDGETS: dict[str, QualityBudget] = {
             "lm-shakespeare": TaskBudget((1024,), 500, 4096, 2, _LRS, 250, min_batch=2),
         },
         description="the 2-core CPU table (see docs/quality.md for its cost)",
+    ),
+    "cpu-deep": QualityBudget(
+        "cpu-deep", dim=64, n_layers=4, n_heads=2, threads=1, jobs=2,
+        tasks={
+            "mqar": TaskBudget((64,), 8000, 2048, 1, (1e-3,), 500, min_batch=2,
+                               options={"eval_sequences": 256}, target=0.995),
+        },
+        description="ablation: the CPU budget's MQAR with 4 layers instead of 2",
     ),
     "gpu": QualityBudget(
         "gpu", dim=128, n_layers=2, n_heads=4, device="cuda", dtype="bfloat16", threads=4, jobs=4,
@@ -531,6 +550,8 @@ def plan_cells(
                 f"{', '.join(budget.tasks)})"
             )
     mech_names = _resolve(mechanisms, MECHANISMS, "mechanism")
+    if not mechanisms:
+        mech_names = [m for m in mech_names if MECHANISMS[m].default]
     pairs, notes = [], []
     for m in mech_names:
         fitting = [t for t in task_names if fits(m, t)]
