@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                 half = r["length"] // 2
                 needs = [[(q, q - half + 1) for q in range(half, x.shape[1])]] * x.shape[0]
             coloc = routing_colocation(model, x, needs)
-            rows.append({"cell": r["cell"], "mechanism": "routing", "length": r["length"],
+            rows.append({"cell": r["cell"], "mechanism": r["mechanism"], "length": r["length"],
                          "routing_colocation": coloc})  # fmt: skip
         if r["task"] != "mqar" or r.get("status") != "ok":
             continue
