@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for r in recs:
         if (
-            r["mechanism"] == "routing"
+            r["mechanism"].startswith("routing")
             and r["task"] in ("mqar", "duplication")
             and (out / "cells" / r["cell"].replace("/", "_") / "latest").exists()
         ):
