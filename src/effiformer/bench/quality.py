@@ -874,8 +874,8 @@ def format_quality_table(records: list[dict[str, Any]]) -> str:
             for n in lengths:
                 cell = _pick(recs, m, n)
                 row.append(_fmt_cell(cell, metric))
-            settings = next((r["settings"] for r in recs if r["mechanism"] == m
-                             and r["length"] == lengths[-1]), None)  # fmt: skip
+            own = [r for r in recs if r["mechanism"] == m]
+            settings = max(own, key=lambda r: r["length"])["settings"]  # at its longest length
             row.append(_fmt_settings(settings, MECHANISMS[m].note))
             out.append("| " + " | ".join(row) + " |")
         extra = _task_notes(task, recs)
