@@ -2,8 +2,8 @@
 # The CPU quality table of docs/quality.md, one seed at learning rate 1e-3 (the learning-rate
 # sweep and the other seeds are the budget's full plan: drop --seeds and --lr). The order this
 # session ran it: MQAR at 64 tokens; duplication and ListOps (the depth ablation started beside
-# ListOps); MQAR at 1,024 for dense and local (routing and LSH were stopped unfinished at the end
-# of the session), with the duplication ablations beside it. Then what this session did not reach:
+# ListOps); MQAR at 1,024 for dense, local and routing (LSH was stopped unfinished at the end of
+# the session), with the duplication ablations beside it. Then what this session did not reach:
 # the other MQAR rows at 1,024, MQAR at 256, PTB characters.
 # Resumable: rerun the same script to continue where it stopped (finished cells are skipped).
 set -euo pipefail
