@@ -97,3 +97,17 @@ def test_bad_input_is_one_clear_error():
     task = ListOpsTask(max_len=32)
     with pytest.raises(ValueError, match="bidirectional"):
         task.check_model(create_model("vanilla-tiny", vocab_size=17))
+
+
+def test_training_position_resumes_exactly_and_refuses_other_data():
+    from effiformer import create_model
+
+    model = create_model("vanilla-tiny", causal=False, vocab_size=17, seq_len=65)
+    a = ListOpsTask(max_len=64, batch_size=4, seed=2)
+    it = a.train_batches(model)
+    next(it), next(it)
+    b = ListOpsTask(max_len=64, batch_size=4, seed=2)
+    b.load_state_dict(a.state_dict())
+    assert torch.equal(next(b.train_batches(model)).data["labels"], next(it).data["labels"])
+    with pytest.raises(ValueError, match="saved data position"):
+        ListOpsTask(max_len=64, batch_size=4, seed=3).load_state_dict(a.state_dict())

@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import random
 import statistics
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -36,9 +36,9 @@ import torch
 from torch import Tensor, nn
 
 from ..models.base import ModelOutput
-from .base import Batch, rank_rows
+from .base import Batch
 from .registry import BuildContext, TaskSetup, register_task, task_option
-from .synthetic import check_int, derive_seed
+from .synthetic import SeededBatches, check_int, derive_seed
 
 __all__ = [
     "LISTOPS_VOCAB",
@@ -183,7 +183,7 @@ def decode(ids: Tensor) -> list[str]:
     return [LISTOPS_VOCAB[i] for i in ids.tolist() if i not in (PAD, CLS)]
 
 
-class ListOpsTask:
+class ListOpsTask(SeededBatches):
     """ListOps classification (see the module docstring) for a bidirectional encoder that takes
     ``(input_ids, labels=, attention_mask=)`` and returns ``(B, 10)`` logits (a
     :class:`~effiformer.models.classifier.SequenceClassifier` or the Funnel classifier).
@@ -264,20 +264,9 @@ class ListOpsTask:
     def batch(self, step: int) -> tuple[Tensor, Tensor, Tensor]:
         return self._gen(self.batch_size, derive_seed(self.seed, step))
 
-    def train_batches(self, model: nn.Module, rank: int = 0, world: int = 1) -> Iterator[Batch]:
-        self.check_model(model)
-        lo, rows = rank_rows(self.batch_size, rank, world)
-        if self._pending is not None:
-            self._step, self._pending = self._pending, None
-
-        def _iterate() -> Iterator[Batch]:
-            while True:
-                x, m, y = self.batch(self._step)
-                self._step += 1
-                sl = slice(lo, lo + rows)
-                yield Batch({"input_ids": x[sl], "attention_mask": m[sl], "labels": y[sl]})
-
-        return _iterate()
+    def batch_data(self, step: int) -> dict[str, Tensor]:
+        x, m, y = self.batch(step)
+        return {"input_ids": x, "attention_mask": m, "labels": y}
 
     def forward(self, model: nn.Module, batch: Batch, state: Any) -> ModelOutput:
         d = batch.data
@@ -330,18 +319,6 @@ class ListOpsTask:
             "majority_accuracy": float(counts.max()) / xs.shape[0],
             "sequences": xs.shape[0],
         }
-
-    def state_dict(self) -> dict[str, Any]:
-        step = self._pending if self._pending is not None else self._step
-        return {"fingerprint": self.fingerprint(), "step": step}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("fingerprint") != self.fingerprint():
-            raise ValueError(
-                f"the saved data position is for {state.get('fingerprint')!r}, but this task is "
-                f"{self.fingerprint()!r}; resume with the same task settings"
-            )
-        self._pending = int(state["step"])
 
     def describe(self) -> dict[str, Any]:
         return {

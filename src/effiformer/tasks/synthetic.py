@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from ..models.base import IGNORE_INDEX, ModelOutput
 from .base import Batch, rank_rows
 
-__all__ = ["SyntheticTask", "build_token_model", "check_int", "derive_seed"]
+__all__ = ["SeededBatches", "SyntheticTask", "build_token_model", "check_int", "derive_seed"]
 
 _SPLIT_OFFSET = {"valid": 1, "test": 2, "train": 3}
 
@@ -46,7 +46,53 @@ def derive_seed(*parts: int) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
-class SyntheticTask:
+class SeededBatches:
+    """Training batch ``i`` drawn from ``(seed, i)``: the step counter, its save and restore
+    (with the data's fingerprint), and each rank's rows of the global batch. A subclass gives
+    ``batch_data(step) -> {name: (batch_size, ...) tensor}``, ``fingerprint()``,
+    ``check_model(model)`` and ``batch_size``."""
+
+    _step = 0
+    _pending: int | None = None
+    batch_size: int
+
+    def batch_data(self, step: int) -> dict[str, Tensor]:
+        raise NotImplementedError
+
+    def fingerprint(self) -> str:
+        raise NotImplementedError
+
+    def check_model(self, model: nn.Module) -> None:
+        raise NotImplementedError
+
+    def train_batches(self, model: nn.Module, rank: int = 0, world: int = 1) -> Iterator[Batch]:
+        self.check_model(model)
+        lo, rows = rank_rows(self.batch_size, rank, world)
+        if self._pending is not None:
+            self._step, self._pending = self._pending, None
+
+        def _iterate() -> Iterator[Batch]:
+            while True:
+                data = self.batch_data(self._step)
+                self._step += 1
+                yield Batch({k: v[lo : lo + rows] for k, v in data.items()})
+
+        return _iterate()
+
+    def state_dict(self) -> dict[str, Any]:
+        step = self._pending if self._pending is not None else self._step
+        return {"fingerprint": self.fingerprint(), "step": step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("fingerprint") != self.fingerprint():
+            raise ValueError(
+                f"the saved data position is for {state.get('fingerprint')!r}, but this task is "
+                f"{self.fingerprint()!r}; resume with the same task settings"
+            )
+        self._pending = int(state["step"])
+
+
+class SyntheticTask(SeededBatches):
     """Base of the generated token tasks (see the module docstring).
 
     ``batch_size``: rows of the global batch; ``seed``: the data seed (training batches and the
@@ -121,19 +167,9 @@ class SyntheticTask:
         g = torch.Generator().manual_seed(derive_seed(self.seed, step))
         return self.generate(self.batch_size, g)
 
-    def train_batches(self, model: nn.Module, rank: int = 0, world: int = 1) -> Iterator[Batch]:
-        self.check_model(model)
-        lo, rows = rank_rows(self.batch_size, rank, world)
-        if self._pending is not None:
-            self._step, self._pending = self._pending, None
-
-        def _iterate() -> Iterator[Batch]:
-            while True:
-                x, y = self.batch(self._step)
-                self._step += 1
-                yield Batch({"input_ids": x[lo : lo + rows], "targets": y[lo : lo + rows]})
-
-        return _iterate()
+    def batch_data(self, step: int) -> dict[str, Tensor]:
+        x, y = self.batch(step)
+        return {"input_ids": x, "targets": y}
 
     def forward(self, model: nn.Module, batch: Batch, state: Any) -> ModelOutput:
         x, y = batch.data["input_ids"], batch.data["targets"]
@@ -192,18 +228,6 @@ class SyntheticTask:
             "sequences": xs.shape[0],
             "tokens": tokens,
         }
-
-    def state_dict(self) -> dict[str, Any]:
-        step = self._pending if self._pending is not None else self._step
-        return {"fingerprint": self.fingerprint(), "step": step}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("fingerprint") != self.fingerprint():
-            raise ValueError(
-                f"the saved data position is for {state.get('fingerprint')!r}, but this task is "
-                f"{self.fingerprint()!r}; resume with the same task settings"
-            )
-        self._pending = int(state["step"])
 
     def describe(self) -> dict[str, Any]:
         return {
