@@ -80,3 +80,29 @@ def test_bad_inputs_name_the_problem():
         model(torch.zeros(4, dtype=torch.long))
     with pytest.raises(ValueError, match="targets must have the shape"):
         model(torch.zeros(1, 4, dtype=torch.long), targets=torch.zeros(1, 3, dtype=torch.long))
+
+
+def test_scored_only_gives_the_full_heads_loss_and_logits_at_the_scored_positions():
+    """``scored_only`` runs the head at the scored positions only: the same loss (and gradient)
+    as the full head, and logits equal to the full logits at those positions, row-major."""
+    from effiformer import create_model
+
+    torch.manual_seed(0)
+    model = create_model("vanilla-tiny", vocab_size=512)
+    assert model.scores_subset
+    x = torch.randint(0, 512, (3, 40))
+    y = torch.full_like(x, -100)
+    y[0, 5], y[0, 30], y[2, 7] = 11, 12, 13
+    full = model(x, targets=y)
+    full.loss.backward()
+    g_full = model.embed.weight.grad.clone()
+    model.zero_grad()
+    part = model(x, targets=y, scored_only=True)
+    part.loss.backward()
+    assert part.logits.shape == (3, 512)
+    keep = y != -100
+    torch.testing.assert_close(part.logits, full.logits[keep])
+    torch.testing.assert_close(part.loss, full.loss)
+    torch.testing.assert_close(model.embed.weight.grad, g_full)
+    with pytest.raises(ValueError, match="scored_only=True needs targets"):
+        model(x, scored_only=True)

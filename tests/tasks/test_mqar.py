@@ -119,3 +119,20 @@ def test_registered_task_builds_a_causal_model_sized_for_it():
     assert setup.model.config.causal and setup.task.n_pairs == 4
     with pytest.raises(ValueError, match="causal=True"):
         spec.build(opts, BuildContext(model_name="vanilla-tiny", overrides=("causal=false",)))
+
+
+def test_scoring_only_the_queries_changes_nothing_in_the_evaluation():
+    """The task asks a model with ``scores_subset`` for the head at the queries only; accuracy,
+    loss and sequence accuracy equal those of the full head."""
+    from effiformer import create_model
+
+    task = MQARTask(seq_len=64, vocab_size=64, batch_size=4, eval_sequences=12, eval_batch_size=5)
+    torch.manual_seed(0)
+    model = create_model("vanilla-tiny", vocab_size=64, seq_len=64)
+    scored = task.evaluate(model)
+    model.scores_subset = False  # the instance now takes the full head
+    full = task.evaluate(model)
+    assert scored["tokens"] == full["tokens"] > 0
+    assert scored["accuracy"] == full["accuracy"]
+    assert scored["sequence_accuracy"] == full["sequence_accuracy"]
+    assert abs(scored["loss"] - full["loss"]) < 1e-5

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from ..config import ModelConfig
 from ..sampling import check_sampling, sample_next
 
-__all__ = ["ModelOutput", "EffiModel", "lm_loss", "IGNORE_INDEX"]
+__all__ = ["ModelOutput", "EffiModel", "lm_loss", "scored_lm_loss", "IGNORE_INDEX"]
 
 IGNORE_INDEX = -100
 
@@ -50,10 +50,28 @@ def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
     )
 
 
+def scored_lm_loss(hidden: Tensor, head: Any, targets: Tensor) -> tuple[Tensor, Tensor]:
+    """The head only where a target is scored: ``(logits (N, V), loss)`` for the N positions of
+    ``targets`` (B, T) that are not IGNORE_INDEX, in row-major order, from ``hidden`` (B, T, D)
+    and ``head`` (D -> V). The loss equals :func:`lm_loss` over the full logits; the cost is
+    N x V instead of B x T x V (tasks that score a few positions of long sequences, such as
+    MQAR's queries, with a large vocabulary)."""
+    keep = targets != IGNORE_INDEX
+    logits = head(hidden[keep])  # (N, V)
+    return logits, F.cross_entropy(logits.float(), targets[keep])
+
+
 class EffiModel(nn.Module):
-    """Base class: input validation, explicit state, buffer updates, a hook for ``bench --part``."""
+    """Base class: input validation, explicit state, buffer updates, a hook for ``bench --part``.
+
+    ``scores_subset``: whether ``forward`` takes ``scored_only=True`` (with targets), computing the
+    output head only at the scored positions and returning ``logits`` as ``(N, V)`` for the
+    targets that are not IGNORE_INDEX, in row-major order (:func:`scored_lm_loss`); the loss is
+    the same. Tasks that score few positions ask for it where a model offers it.
+    """
 
     config: ModelConfig
+    scores_subset: bool = False
 
     def check_input_ids(self, input_ids: Tensor, *, max_len: int | None = None) -> None:
         if not isinstance(input_ids, Tensor):

@@ -46,7 +46,7 @@ from ..layers import FeedForward, LayerStack, TransformerBlock, build_positions,
 from ..layers.ffn import ACTIVATIONS
 from ..recipes import VANILLA_RECIPE, register_recipe
 from ..registry import register_family, register_model
-from .base import EffiModel, ModelOutput, lm_loss
+from .base import EffiModel, ModelOutput, lm_loss, scored_lm_loss
 
 __all__ = ["VanillaConfig", "Transformer", "build_vanilla"]
 
@@ -102,10 +102,13 @@ class VanillaConfig(ModelConfig):
 class Transformer(EffiModel):
     """Token embedding -> positions -> N blocks -> (final LN) -> tied LM head.
 
-    forward(input_ids (B, T), *, targets (B, T) | None, attention_mask (B, T) | None)
-    -> ModelOutput(logits (B, T, V), loss, hidden (B, T, D), aux, updates).
+    forward(input_ids (B, T), *, targets (B, T) | None, attention_mask (B, T) | None,
+    scored_only) -> ModelOutput(logits (B, T, V), or (N, V) at the N scored targets with
+    ``scored_only``; loss, hidden (B, T, D), aux, updates).
     ``attention_mask`` marks real tokens with 1/True (padding 0/False).
     """
+
+    scores_subset = True
 
     def __init__(self, config: VanillaConfig):
         super().__init__()
@@ -257,8 +260,16 @@ class Transformer(EffiModel):
         targets: Tensor | None = None,
         attention_mask: Tensor | None = None,
         state: Any = None,
+        scored_only: bool = False,
     ) -> ModelOutput:
         out = self.encode(input_ids, attention_mask=attention_mask, state=state)
+        if scored_only:
+            if targets is None:
+                raise ValueError("scored_only=True needs targets (it scores only their positions)")
+            self.check_targets(targets, input_ids)
+            head = lambda h: self.head(self.head_proj(h))  # noqa: E731
+            out.logits, out.loss = scored_lm_loss(out.hidden, head, targets)  # (N, V)
+            return out
         out.logits = self.head(self.head_proj(out.hidden))  # (B, T, V)
         if targets is not None:
             self.check_targets(targets, input_ids)

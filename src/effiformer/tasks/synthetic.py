@@ -172,8 +172,15 @@ class SyntheticTask(SeededBatches):
         return {"input_ids": x, "targets": y}
 
     def forward(self, model: nn.Module, batch: Batch, state: Any) -> ModelOutput:
+        """The model on the batch; where the model offers it (``scores_subset``) the output head
+        runs only at the scored positions (logits ``(N, V)``), otherwise ``(B, T, V)``."""
         x, y = batch.data["input_ids"], batch.data["targets"]
-        return model(x, targets=y) if state is None else model(x, targets=y, state=state)
+        kw: dict[str, Any] = {"targets": y}
+        if getattr(getattr(model, "module", model), "scores_subset", False):
+            kw["scored_only"] = True
+        if state is not None:
+            kw["state"] = state
+        return model(x, **kw)
 
     def split(self, split: str) -> tuple[Tensor, Tensor]:
         """The fixed evaluation set of ``split`` ("valid", "test" or "train")."""
@@ -215,7 +222,11 @@ class SyntheticTask(SeededBatches):
                             f"the {self.name} task needs logits for accuracy; build the model "
                             "without loss_chunk"
                         )
-                    hit = (out.logits.argmax(-1) == y) & keep
+                    if out.logits.dim() == 2:  # scored positions only, row-major
+                        hit = torch.zeros_like(keep)
+                        hit[keep] = out.logits.argmax(-1) == y[keep]
+                    else:
+                        hit = (out.logits.argmax(-1) == y) & keep
                     correct += int(hit.sum())
                     exact += int((hit.sum(1) == keep.sum(1)).sum())
                     tokens += n
