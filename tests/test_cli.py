@@ -372,3 +372,24 @@ def test_argument_errors_are_one_line(capsys):
         err = capsys.readouterr().err
         assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
         assert "error:" in err and "--help" in err
+
+
+def test_train_refuses_bad_numbers_and_a_used_out_before_loading_anything(tmp_path, capsys):
+    """Issue 28 item 10: ``--steps -5`` is a usage error, and an ``--out`` that holds a run is
+    refused before the corpus loads or the recipe line prints (one line, the run kept)."""
+    import pytest
+
+    with pytest.raises(SystemExit) as e:
+        main(["train", "vanilla-tiny", "--steps", "-5"])
+    assert e.value.code == 2
+    err = capsys.readouterr()
+    assert "argument --steps: expected a positive integer, got '-5'" in err.err
+    assert "recipe" not in err.out and "loaded" not in err.err
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "latest").write_text("step-00000002\n")
+    assert main(["train", "vanilla-tiny", "--steps", "2", "--out", str(run)]) != 0
+    out = capsys.readouterr()
+    assert "already holds a run" in out.err and "--resume" in out.err
+    assert "recipe" not in out.out and "loaded Corpus" not in out.err
+    assert (run / "latest").read_text() == "step-00000002\n"

@@ -99,3 +99,16 @@ def test_family_search_steps(tmp_path, capsys):
     rec = _json(capsys)
     assert rec["model"] == "vanilla-tiny" and set(rec["best"]) == {"attention.window", "n_layers"}
     assert rec["best"]["n_layers"] == 2  # the most parameters under an unlimited latency
+
+
+def test_latency_data_refuses_fewer_rows_than_the_predictor_splits(tmp_path, capsys):
+    """Issue 28: ``latency-data --n 8`` used to measure 8 rows and only then have ``predictor``
+    refuse them; now the first step says it, one line, nothing written."""
+    out = tmp_path / "lat.csv"
+    with pytest.raises(SystemExit) as e:
+        main(["search", "latency-data", "--out", str(out), "--n", "8"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "the predictor step needs at least 10 rows" in err and "got 8" in err
+    assert len(err.splitlines()) == 1
+    assert not out.exists()

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from ..config import parse_overrides
+from ..search.predictor import MIN_ROWS
 from .common import (
     positive_float,
     positive_int,
@@ -50,7 +51,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Sample architectures, build each, time it; append rows to a CSV (resumable).",
     )
     d.add_argument("--out", required=True, help="the CSV (a sidecar OUT.jsonl is written beside)")
-    d.add_argument("--n", type=positive_int, default=300, help="rows in all (default 300)")
+    d.add_argument("--n", type=_dataset_rows, default=300,
+                   help=f"rows in all (default 300; at least {MIN_ROWS}, what the predictor "
+                   "step splits 8:1:1)")  # fmt: skip
     d.add_argument(
         "--space", default="multi30k",
         help="HAT: the training space (wmt, iwslt, multi30k, tiny) whose wider latency space is "
@@ -121,6 +124,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--out", help="the result JSON")
     e.add_argument("--plot", help="loss-against-latency PNG of every candidate scored")
     e.add_argument("--export", help="HAT: save the best SubTransformer (inherited weights) here")
+
+
+def _dataset_rows(text: str) -> int:
+    """argparse ``type=`` of ``latency-data --n``: at least the rows ``predictor`` needs, said
+    when the dataset is planned rather than after it was measured."""
+    n = positive_int(text)
+    if n < MIN_ROWS:
+        raise argparse.ArgumentTypeError(
+            f"the predictor step needs at least {MIN_ROWS} rows (it splits them 8:1:1), got {n}"
+        )
+    return n
 
 
 def _latency_data(args: argparse.Namespace) -> dict:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoint import (
+    LATEST,
     CheckpointError,
     read_train_config,
     resolve_checkpoint,
@@ -42,6 +43,9 @@ from .common import (
     GracefulInterrupt,
     add_common_flags,
     device_name,
+    nonneg_int,
+    positive_float,
+    positive_int,
     saved_model_dir,
     saved_model_lacks,
     setup_logging,
@@ -135,22 +139,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--steps",
-        type=int,
+        type=positive_int,
         help="total optimiser steps (default 1000; with --time-budget: as many as fit)",
     )
     p.add_argument(
         "--time-budget",
-        type=float,
+        type=positive_float,
         help="stop after this many seconds; without --steps the schedule is sized to fit",
     )
-    p.add_argument("--grad-accum", type=int, help="micro-batches per step (default 1)")
+    p.add_argument("--grad-accum", type=positive_int, help="micro-batches per step (default 1)")
     p.add_argument(
-        "--eval-every", type=int, help="evaluate every N steps (default 200; 0 = end only)"
+        "--eval-every", type=nonneg_int, help="evaluate every N steps (default 200; 0 = end only)"
     )
     p.add_argument(
-        "--checkpoint-every", type=int, help="checkpoint every N steps (default: end only)"
+        "--checkpoint-every", type=positive_int, help="checkpoint every N steps (default: end only)"
     )
-    p.add_argument("--keep", type=int, help="checkpoints to keep (default 1)")
+    p.add_argument("--keep", type=positive_int, help="checkpoints to keep (default 1)")
     p.add_argument("--out", help="output directory (default runs/NAME, or the --resume run)")
     p.add_argument("--resume", help="run or checkpoint directory to continue from")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -169,7 +173,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="parameters without weight decay: "
         + "; ".join(f"{k}: {v}" for k, v in NO_DECAY_RULES.items()),
     )
-    r.add_argument("--warmup", type=int, help="linear warmup steps")
+    r.add_argument("--warmup", type=nonneg_int, help="linear warmup steps")
     r.add_argument("--schedule", choices=SCHEDULES, help="lr schedule after the warmup")
     r.add_argument("--min-lr-ratio", type=float, help="floor of cosine/linear decay, x peak lr")
     r.add_argument("--clip", type=float, help="gradient clipping norm, 0 = off")
@@ -233,6 +237,15 @@ def run(args: argparse.Namespace) -> int:
                 f"--resume {args.resume!r} holds a {saved_name!r} run, not {args.name!r}"
             )
         name = args.name or saved_name
+    if resume is None:
+        # refused before the task loads its data: an --out (or the default runs/NAME) that
+        # already holds a run is continued with --resume, never overwritten
+        early_out = Path(args.out) if args.out else (Path("runs") / name if name else None)
+        if early_out is not None and (early_out / LATEST).exists():
+            raise CheckpointError(
+                f"--out {str(early_out)!r} already holds a run (it has {LATEST!r}); continue it "
+                f"with --resume {shlex.quote(str(early_out))} or choose another --out"
+            )
     saved = saved_train or {}
     spec = get_task(task_name)
     what = f"--task {task_name}"

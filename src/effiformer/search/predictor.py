@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 __all__ = [
+    "MIN_ROWS",
     "LatencyPredictor",
     "LinearFit",
     "PredictorReport",
@@ -105,11 +106,15 @@ class LatencyPredictor(nn.Module):
             self.train(was)
 
 
+#: the fewest rows the 8:1:1 split (and so the ``predictor`` step) takes
+MIN_ROWS = 10
+
+
 def split_indices(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A seeded permutation of ``range(n)`` cut 8:1:1 (train and valid take ``floor`` of 80 %
     and 10 %, test the rest, as the official ``split``)."""
-    if n < 10:
-        raise ValueError(f"need at least 10 rows to split 8:1:1, got {n}")
+    if n < MIN_ROWS:
+        raise ValueError(f"need at least {MIN_ROWS} rows to split 8:1:1, got {n}")
     order = np.random.default_rng(seed).permutation(n)
     a, b = int(math.floor(0.8 * n)), int(math.floor(0.1 * n))
     return order[:a], order[a : a + b], order[a + b :]
