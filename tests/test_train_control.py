@@ -130,6 +130,35 @@ def test_a_20_s_budget_sizes_warmup_and_decay_to_fit(corpus, tmp_path, monkeypat
     assert [r["loss"] for r in resumed.train] == [r["loss"] for r in full.train[100:]]
 
 
+class _SlowStartClock(_StepClock):
+    """The first 10 steps take 0.5 s, the rest 0.1 s (as a run whose first steps warm caches)."""
+
+    def __call__(self) -> float:
+        return 0.5 * min(self.steps, 10) + 0.1 * max(self.steps - 10, 0)
+
+
+def test_the_budget_schedule_ends_where_the_budget_does_when_steps_speed_up(
+    corpus, tmp_path, monkeypatch
+):
+    """Issue 28: ``--time-budget 30`` sized the schedule to 82 steps and stopped at 68, the decay
+    unfinished. With slow first steps an average from the start overestimates the step time; the
+    planner re-sizes from the steps since its previous sizing and, past 75%, after every step, so
+    the run stops at the schedule's end with the lr at the cosine's floor."""
+    task = _task(corpus)
+    monkeypatch.setattr(train_mod, "_now", _SlowStartClock(task))
+    cfg = _cfg(steps=None, time_budget=20.0, warmup=100, lr=1e-3, out_dir=str(tmp_path / "r"))
+    history = train(_model(), task, cfg)
+    # 10 steps in 5 s, then 150 steps of 0.1 s: 160 steps fit
+    assert history.stop_reason == "time_budget" and history.step == 160
+    assert history.schedule[0]["total_steps"] < 160  # sized from the slow first steps
+    final = history.schedule[-1]
+    assert final["final"] and final["total_steps"] == history.step == 160
+    assert history.train[-1]["lr"] == pytest.approx(1e-4, rel=0.01)  # the decay finished
+    # the run's checkpoint records the schedule as ended: a resume without steps has nothing to do
+    again = train(_model(), _task(corpus), _cfg(steps=None, resume=str(tmp_path / "r")))
+    assert again.step == 160 and not again.train
+
+
 def test_a_fixed_schedule_that_cannot_fit_the_budget_is_named(corpus, monkeypatch, caplog):
     task = _task(corpus)
     monkeypatch.setattr(train_mod, "_now", _StepClock(task))

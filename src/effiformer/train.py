@@ -665,7 +665,13 @@ def _agree(values: list[float], d: _Dist, device: torch.device) -> list[float]:
 class _BudgetPlanner:
     """Sizes the schedule from the time budget (``steps=None``) or warns that a fixed schedule
     will not fit it; see :class:`TrainConfig`. ``plan`` (``total``, ``warmup``) is what the lr
-    schedule reads."""
+    schedule reads.
+
+    The schedule is sized after the first steps (logged), re-sized at 25, 50 and 75% of the
+    budget (logged) from the seconds per step *since the previous sizing* (the first steps of a
+    run are slower than the rest, so an average from the start overestimates them), and after
+    75% re-sized quietly after every step, so that the step at which the budget runs out is the
+    end of the schedule: the decay finishes when the run stops (:meth:`finish` logs where)."""
 
     MARKS = (0.25, 0.5, 0.75)
 
@@ -677,25 +683,37 @@ class _BudgetPlanner:
         self.first_done = False
         self.marks = list(self.MARKS)
         self.active = config.time_budget is not None
+        self.since: tuple[int, float] | None = None  # (step, elapsed) of the previous sizing
+        self.sized = False  # whether this call sized the schedule
 
     def after_step(self, step: int, elapsed: float) -> dict[str, Any] | None:
-        """Called after every step with the budget clock; returns a plan record when it planned."""
+        """Called after every step with the budget clock; returns a plan record when it planned
+        (and logged); quiet re-sizings after the last mark return None."""
         if not self.active:
             return None
         budget = float(self.config.time_budget)  # type: ignore[arg-type]
         done = step - self.start
         if done == 1:
             self.t_first = elapsed
+            self.since = (step, elapsed)
             return None
         if self.t_first is None or done < 2:
             return None
+        quiet = False
         if not self.first_done:
             if done < 5 and elapsed < 0.1 * budget:
                 return None
-        elif not (self.marks and elapsed >= self.marks[0] * budget):
+        elif not self.marks:
+            quiet = self.config.steps is None  # past the last mark: follow the clock
+            if not quiet:
+                return None
+        elif elapsed < self.marks[0] * budget:
             return None
-        step_s = (elapsed - self.t_first) / (done - 1)
-        fits = step + int(max(0.0, budget - elapsed) / max(step_s, 1e-9))
+        assert self.since is not None
+        s0, e0 = self.since
+        step_s = (elapsed - e0) / max(step - s0, 1)
+        # whole steps that fit (a hair of tolerance: 4.9 s / 0.1 s is 48.99999 in floating point)
+        fits = step + int(max(0.0, budget - elapsed) / max(step_s, 1e-9) + 1e-6)
         first = not self.first_done
         self.first_done = True
         while self.marks and elapsed >= self.marks[0] * budget:
@@ -715,6 +733,11 @@ class _BudgetPlanner:
                 )
             return None
         total = max(fits, step + 1)
+        self.sized = True
+        if quiet:  # the window stays at the last logged sizing (at least a quarter of the run)
+            self.plan["total"] = total
+            return None
+        self.since = (step, elapsed)
         warmup = self.plan["warmup"]
         note = ""
         if first:
@@ -736,13 +759,28 @@ class _BudgetPlanner:
             "warmup %d%s",
             budget,
             step_s,
-            self.start + 2,
+            s0 + 1,
             step,
             total,
             warmup,
             note,
         )
         return record
+
+    def finish(self, step: int) -> dict[str, Any] | None:
+        """The schedule's end where this call sized it: the run's last step is its last step
+        (the plan is set to end there: a resumed run continues from a finished decay only if it
+        is given steps or a new budget). Returns the record to write, or None."""
+        if not self.sized:
+            return None
+        if self.plan["total"] != step:
+            logger.info(
+                "time budget spent at step %d; the schedule (sized to %d) ends there",
+                step,
+                self.plan["total"],
+            )
+        self.plan["total"] = step
+        return {"step": step, "total_steps": step, "warmup": self.plan["warmup"], "final": True}
 
 
 def _train(model: nn.Module, task: Any, config: TrainConfig, d: _Dist, stop: Any) -> TrainHistory:
@@ -1036,6 +1074,11 @@ def _train(model: nn.Module, task: Any, config: TrainConfig, d: _Dist, stop: Any
                     last_ckpt = step
         finally:
             bar.close()
+        if history.stop_reason == "time_budget":
+            record = planner.finish(step)
+            if record is not None:
+                history.schedule.append(record)
+                metrics.write(record)
         if interrupted:
             logger.info("stopping at step %d (interrupted)", step)
         elif last_eval != step:
