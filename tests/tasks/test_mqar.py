@@ -136,3 +136,33 @@ def test_scoring_only_the_queries_changes_nothing_in_the_evaluation():
     assert scored["accuracy"] == full["accuracy"]
     assert scored["sequence_accuracy"] == full["sequence_accuracy"]
     assert abs(scored["loss"] - full["loss"]) < 1e-5
+
+
+def test_the_training_ladder_cycles_lengths_at_constant_tokens_and_evaluates_at_seq_len():
+    """``train_min_len``: Zoology's several-configuration training. Step i is at the ladder's
+    (i mod n)-th length with pairs T/16 and as many tokens as a full-length step; the answers
+    stay recoverable; evaluation is at seq_len; the fingerprint names the ladder."""
+    from effiformer.tasks.mqar import length_ladder
+
+    assert length_ladder(None, 256) == (256,)
+    assert length_ladder(64, 1024) == (64, 128, 256, 512, 1024)
+    task = MQARTask(seq_len=256, vocab_size=1024, batch_size=2, train_min_len=64, eval_sequences=4)
+    shapes = []
+    for step in range(6):
+        x, y = task.batch(step)
+        shapes.append(tuple(x.shape))
+        assert x.numel() == 2 * 256
+        n = x.shape[1] // 16
+        assert int((y != IGNORE_INDEX).sum()) == x.shape[0] * n
+        assert torch.equal(mqar_answers(x, n)[y != IGNORE_INDEX], y[y != IGNORE_INDEX])
+    assert shapes == [(8, 64), (4, 128), (2, 256)] * 2
+    assert task.split("valid")[0].shape == (4, 256)
+    plain = MQARTask(seq_len=256, vocab_size=1024, batch_size=2)
+    assert plain.fingerprint() != task.fingerprint() and "train_min_len=64" in task.fingerprint()
+    assert torch.equal(plain.batch(2)[0], task.batch(2)[0])  # full-length steps are the same data
+    # each rank takes its share of every batch, whatever its rows
+    model = create_model("vanilla-tiny", vocab_size=1024, seq_len=256)
+    rows = [next(task.train_batches(model, rank=1, world=2)).data["input_ids"].shape]
+    assert rows == [torch.Size([4, 64])]
+    with pytest.raises(ValueError, match="train_min_len=48 must be seq_len=256 divided by a power"):
+        MQARTask(seq_len=256, train_min_len=48)

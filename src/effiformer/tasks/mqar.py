@@ -18,6 +18,14 @@ pairs. Deviations from Zoology, each for the CPU budget: the vocabulary defaults
 8,192; the recall mechanism is the same, the output layer 32x smaller); sequences are exactly
 ``seq_len`` tokens (Zoology draws ``seq_len + 1`` and shifts).
 
+**Training lengths** (``train_min_len``): as Zoology trains one model on several
+(length, pairs) configurations (for example 64/4, 128/8, 256/16 together), a task may train on
+the ladder of lengths ``train_min_len, 2 train_min_len, ..., seq_len``, with pairs scaled to each
+(``T/16`` by default): training step ``i`` draws its batch at the ladder's ``i mod n``-th length
+with ``batch_size * seq_len / length`` rows, so every step holds the same number of tokens;
+evaluation stays at ``seq_len``. A model that forms its recall
+circuit on the short sequences carries it to the long ones if its mechanism can reach that far.
+
 The answer of every query is recoverable from the sequence alone (:func:`mqar_answers`), which
 the tests check. Data is a pure function of the seed (:class:`~.synthetic.SyntheticTask`).
 """
@@ -32,14 +40,41 @@ from torch import Tensor
 
 from ..models.base import IGNORE_INDEX
 from .registry import BuildContext, TaskSetup, register_task, task_option
-from .synthetic import SyntheticTask, build_token_model, check_int
+from .synthetic import SyntheticTask, build_token_model, check_int, derive_seed
 
-__all__ = ["MQAROptions", "MQARTask", "build_mqar", "default_pairs", "mqar_answers", "mqar_batch"]
+__all__ = [
+    "MQAROptions",
+    "MQARTask",
+    "build_mqar",
+    "default_pairs",
+    "length_ladder",
+    "mqar_answers",
+    "mqar_batch",
+]
 
 
 def default_pairs(seq_len: int) -> int:
     """Key-value pairs for a sequence of ``seq_len`` tokens: ``seq_len // 16`` (at least 1)."""
     return max(1, seq_len // 16)
+
+
+def length_ladder(lo: int | None, seq_len: int) -> tuple[int, ...]:
+    """``(lo, 2 lo, 4 lo, ..., seq_len)``, or ``(seq_len,)`` for ``lo=None``; ``seq_len / lo``
+    must be a power of two."""
+    if lo is None:
+        return (seq_len,)
+    lo = check_int("train_min_len", lo, 4)
+    ratio = seq_len // lo
+    if lo > seq_len or seq_len % lo or ratio & (ratio - 1):
+        raise ValueError(
+            f"train_min_len={lo} must be seq_len={seq_len} divided by a power of two "
+            f"(for example {seq_len // 4} or {seq_len // 16})"
+        )
+    out, t = [], lo
+    while t <= seq_len:
+        out.append(t)
+        t *= 2
+    return tuple(out)
 
 
 def mqar_batch(
@@ -105,7 +140,9 @@ class MQARTask(SyntheticTask):
 
     ``seq_len``: tokens per sequence (the model reads all of them); ``n_pairs``: key-value pairs
     (None: ``seq_len // 16``); ``vocab_size``: keys are ``1 .. vocab_size/2 - 1``, values the
-    upper half; ``power_a``: the query-gap power law; the rest as
+    upper half; ``power_a``: the query-gap power law; ``train_min_len``: the shortest length of
+    the training ladder (``seq_len / train_min_len`` a power of two; None: ``seq_len`` only; see
+    the module docstring), with ``n_pairs`` scaled to each length; the rest as
     :class:`~.synthetic.SyntheticTask`.
     """
 
@@ -118,6 +155,7 @@ class MQARTask(SyntheticTask):
         n_pairs: int | None = None,
         vocab_size: int = 256,
         power_a: float = 0.01,
+        train_min_len: int | None = None,
         batch_size: int = 32,
         seed: int = 0,
         eval_sequences: int = 512,
@@ -138,8 +176,28 @@ class MQARTask(SyntheticTask):
             raise ValueError(f"power_a must be in (0, 1], got {power_a!r}")
         self.power_a = float(power_a)
         self.model_len = self.seq_len
-        # validate the combination once, with the error the generator gives
-        mqar_batch(1, self.seq_len, self.n_pairs, self._vocab, torch.Generator().manual_seed(0))
+        self.train_min_len = train_min_len
+        self.train_lengths = length_ladder(train_min_len, self.seq_len)
+        # validate every combination once, with the error the generator gives
+        for t in self.train_lengths:
+            mqar_batch(1, t, self._pairs_at(t), self._vocab, torch.Generator().manual_seed(0))
+
+    def _pairs_at(self, length: int) -> int:
+        """Key-value pairs of a sequence of ``length`` tokens: ``n_pairs`` scaled by
+        ``length / seq_len`` (``length / 16`` by default)."""
+        return max(1, self.n_pairs * length // self.seq_len)
+
+    def batch(self, step: int) -> tuple[Tensor, Tensor]:
+        """Training batch ``step``: at ``train_lengths[step % n]``, ``batch_size * seq_len /
+        length`` rows (the same tokens at every step)."""
+        length = self.train_lengths[step % len(self.train_lengths)]
+        if length == self.seq_len:
+            return super().batch(step)
+        g = torch.Generator().manual_seed(derive_seed(self.seed, step))
+        rows = self.batch_size * (self.seq_len // length)
+        return mqar_batch(
+            rows, length, self._pairs_at(length), self._vocab, g, power_a=self.power_a
+        )
 
     @property
     def vocab_size(self) -> int:
@@ -156,6 +214,7 @@ class MQARTask(SyntheticTask):
             "n_pairs": self.n_pairs,
             "vocab_size": self._vocab,
             "power_a": self.power_a,
+            **({"train_min_len": self.train_min_len} if len(self.train_lengths) > 1 else {}),
             "batch_size": self.batch_size,
             "seed": self.seed,
         }
@@ -178,6 +237,9 @@ class MQAROptions:
     n_pairs: int | None = task_option(None, "key-value pairs (default: seq_len / 16)")
     vocab: int = task_option(256, "vocabulary: keys below vocab/2, values above", flag="--vocab")
     power_a: float = task_option(0.01, "query-gap power law (Zoology's a)")
+    train_min_len: int | None = task_option(
+        None, "train on every length from this, doubling, up to seq-len (Zoology's mixture)"
+    )
     batch: int = task_option(32, "sequences per global batch")
     eval_sequences: int = task_option(512, "sequences in each evaluation set")
 
@@ -187,6 +249,7 @@ class MQAROptions:
             n_pairs=self.n_pairs,
             vocab_size=self.vocab,
             power_a=self.power_a,
+            train_min_len=self.train_min_len,
             batch_size=self.batch,
             eval_sequences=self.eval_sequences,
         )  # validates the combination, naming the field
@@ -200,6 +263,7 @@ def build_mqar(options: MQAROptions, context: BuildContext) -> TaskSetup:
         n_pairs=options.n_pairs,
         vocab_size=options.vocab,
         power_a=options.power_a,
+        train_min_len=options.train_min_len,
         batch_size=options.batch,
         seed=context.seed,
         eval_sequences=options.eval_sequences,

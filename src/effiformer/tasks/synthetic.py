@@ -67,7 +67,7 @@ class SeededBatches:
 
     def train_batches(self, model: nn.Module, rank: int = 0, world: int = 1) -> Iterator[Batch]:
         self.check_model(model)
-        lo, rows = rank_rows(self.batch_size, rank, world)
+        rank_rows(self.batch_size, rank, world)  # an indivisible batch is refused up front
         if self._pending is not None:
             self._step, self._pending = self._pending, None
 
@@ -75,6 +75,9 @@ class SeededBatches:
             while True:
                 data = self.batch_data(self._step)
                 self._step += 1
+                # the rank's share of this batch's rows (a task may vary them, as MQAR's
+                # training lengths do at a constant number of tokens)
+                lo, rows = rank_rows(next(iter(data.values())).shape[0], rank, world)
                 yield Batch({k: v[lo : lo + rows] for k, v in data.items()})
 
         return _iterate()
