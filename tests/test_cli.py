@@ -393,3 +393,23 @@ def test_train_refuses_bad_numbers_and_a_used_out_before_loading_anything(tmp_pa
     assert "already holds a run" in out.err and "--resume" in out.err
     assert "recipe" not in out.out and "loaded Corpus" not in out.err
     assert (run / "latest").read_text() == "step-00000002\n"
+
+
+def test_train_eval_generate_and_translate_take_threads(tmp_path, capsys, monkeypatch):
+    """Issue 28 item 9: ``--threads N`` sets torch's CPU threads for the command (and is refused
+    at parse time when it is not a positive integer)."""
+    import pytest
+    import torch
+
+    seen = []
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: seen.append(n))
+    run = tmp_path / "r"
+    assert main(["train", "vanilla-tiny", "--steps", "1", "--eval-every", "0",
+                 "--threads", "1", "--out", str(run), "--eval-tokens", "256"]) == 0  # fmt: skip
+    assert main(["eval", str(run), "--threads", "2", "--eval-tokens", "256"]) == 0
+    assert main(["generate", str(run), "--max-new-tokens", "2", "--threads", "3"]) == 0
+    assert seen == [1, 2, 3]
+    for command in ("train", "eval", "generate", "translate"):
+        with pytest.raises(SystemExit):
+            main([command, "x", "--threads", "0"])
+        assert "--threads: expected a positive integer" in capsys.readouterr().err

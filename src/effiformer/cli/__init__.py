@@ -20,7 +20,7 @@ import sys
 import typing
 
 from . import bench_cmd, eval_cmd, generate_cmd, list_cmd, search_cmd, train_cmd, translate_cmd
-from .common import EXIT_ERROR, EXIT_INTERRUPTED, report_error
+from .common import EXIT_ERROR, EXIT_INTERRUPTED, apply_threads, report_error
 
 __all__ = ["build_parser", "main"]
 
@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
     debug = bool(getattr(args, "debug", False)) or bool(os.environ.get("EFFIFORMER_DEBUG"))
     try:
+        apply_threads(args)
         return COMMANDS[args.command].run(args)
     except KeyboardInterrupt:
         if debug:

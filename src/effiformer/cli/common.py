@@ -55,17 +55,37 @@ def setup_logging() -> None:
         logging.getLogger("effiformer").setLevel(logging.WARNING)
 
 
-def add_common_flags(p: argparse.ArgumentParser, *, progress: bool = True) -> None:
-    """``--debug`` (and ``--no-progress``) on a subcommand's parser. ``--debug`` is also a flag of
-    ``effiformer`` itself; here it defaults to "not given" so either place works."""
+def add_common_flags(
+    p: argparse.ArgumentParser, *, progress: bool = True, threads: bool = False
+) -> None:
+    """``--debug`` (and ``--no-progress``, and ``--threads``) on a subcommand's parser.
+    ``--debug`` is also a flag of ``effiformer`` itself; here it defaults to "not given" so either
+    place works. ``--threads N`` is applied by :func:`apply_threads` before the command runs."""
     p.add_argument(
         "--debug",
         action="store_true",
         default=argparse.SUPPRESS,
         help="show the full traceback of an error",
     )
+    if threads:
+        p.add_argument(
+            "--threads",
+            type=positive_int,
+            default=None,
+            help="CPU threads torch uses (default: torch's, one per core); fewer keeps a busy "
+            "machine from oversubscribing its cores",
+        )
     if progress:
         p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+
+
+def apply_threads(args: argparse.Namespace) -> None:
+    """``torch.set_num_threads(args.threads)`` where the command took ``--threads``."""
+    n = getattr(args, "threads", None)
+    if n is not None:
+        import torch
+
+        torch.set_num_threads(n)
 
 
 # ------------------------------------------------------------------------------------------------

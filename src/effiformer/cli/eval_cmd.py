@@ -56,7 +56,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--device", type=device_name, default="auto", help="auto | cpu | cuda (default auto)"
     )
-    add_common_flags(p)
+    add_common_flags(p, threads=True)
     specs = [(t, get_task(t).eval_options) for t in list_tasks()]
     flags = add_option_flags(
         p,

@@ -67,7 +67,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--device", type=device_name, default="auto", help="auto | cpu | cuda (default auto)"
     )
-    add_common_flags(p, progress=False)
+    add_common_flags(p, progress=False, threads=True)
 
 
 def _prompt_ids(vocab: Vocab, prompt: str) -> torch.Tensor:

@@ -158,7 +158,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="output directory (default runs/NAME, or the --resume run)")
     p.add_argument("--resume", help="run or checkpoint directory to continue from")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_common_flags(p, progress=False)
+    add_common_flags(p, progress=False, threads=True)
     r = p.add_argument_group(
         "recipe overrides", "each replaces one field of the family's recipe (default: the recipe)"
     )

@@ -64,7 +64,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--device", type=device_name, default="auto", help="auto | cpu | cuda (default auto)"
     )
-    add_common_flags(p)
+    add_common_flags(p, threads=True)
 
 
 def _load_saved_model(
