@@ -166,3 +166,20 @@ def test_the_training_ladder_cycles_lengths_at_constant_tokens_and_evaluates_at_
     assert rows == [torch.Size([4, 64])]
     with pytest.raises(ValueError, match="train_min_len=48 must be seq_len=256 divided by a power"):
         MQARTask(seq_len=256, train_min_len=48)
+
+
+def test_each_key_occurs_only_in_its_pair_and_its_query_unless_the_fill_may_hold_keys():
+    """The random fill never repeats a row's keys (at 1,024 tokens and 256 symbols Zoology's
+    fill holds 0.7 random copies of each queried key before its query, an ambiguity the task
+    does not mean); ``fill_keys=True`` is Zoology's fill."""
+    x, y = mqar_batch(16, 1024, 64, 256, torch.Generator().manual_seed(0))
+    for r in range(16):
+        keys = x[r, 0:128:2]
+        counts = torch.bincount(x[r], minlength=256)[keys]
+        assert torch.equal(counts, torch.full_like(counts, 2))
+    assert torch.equal(mqar_answers(x, 64)[y != IGNORE_INDEX], y[y != IGNORE_INDEX])
+    z, _ = mqar_batch(16, 1024, 64, 256, torch.Generator().manual_seed(0), fill_keys=True)
+    copies = [
+        int(torch.bincount(z[r], minlength=256)[z[r, 0:128:2]].sum()) - 128 for r in range(16)
+    ]
+    assert sum(copies) / (16 * 64) > 1.0  # about 832 fill tokens x 64/256 keys per row

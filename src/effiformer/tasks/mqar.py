@@ -15,16 +15,23 @@ position is filled with uniform random tokens (Zoology's ``random_non_queries``)
 The number of pairs grows with the length, ``n_pairs = seq_len / 16`` by default (4 at 64, 8 at
 128, 16 at 256, 32 at 512, 64 at 1,024), as Zoology's sweep pairs longer sequences with more
 pairs. Deviations from Zoology, each for the CPU budget: the vocabulary defaults to 256 (Zoology:
-8,192; the recall mechanism is the same, the output layer 32x smaller); sequences are exactly
-``seq_len`` tokens (Zoology draws ``seq_len + 1`` and shifts).
+8,192: with 4,096 values each is a target about once in 32 steps of 128 queries, and the
+embeddings alone take thousands of steps to learn); sequences are exactly ``seq_len`` tokens
+(Zoology draws ``seq_len + 1`` and shifts); and the random fill never holds one of the row's
+keys (``fill_keys=False``; Zoology's fill may). With 8,192 tokens that changes little (0.03
+earlier random copies of a queried key per query at 1,024 tokens, measured), but with 256 a
+1,024-token sequence holds 0.73 random copies per query, each followed by a random token: a
+lookup of "the token after the earlier occurrence of this key" is then ambiguous, which is not
+what the task measures. Without key copies, each key occurs exactly twice, in its pair and as
+its query, as in Zoology at its own vocabulary.
 
 **Training lengths** (``train_min_len``): as Zoology trains one model on several
 (length, pairs) configurations (for example 64/4, 128/8, 256/16 together), a task may train on
 the ladder of lengths ``train_min_len, 2 train_min_len, ..., seq_len``, with pairs scaled to each
 (``T/16`` by default): training step ``i`` draws its batch at the ladder's ``i mod n``-th length
 with ``batch_size * seq_len / length`` rows, so every step holds the same number of tokens;
-evaluation stays at ``seq_len``. A model that forms its recall
-circuit on the short sequences carries it to the long ones if its mechanism can reach that far.
+evaluation stays at ``seq_len``. A model that forms its recall circuit on the short sequences
+carries it to the long ones if its mechanism can reach that far.
 
 The answer of every query is recoverable from the sequence alone (:func:`mqar_answers`), which
 the tests check. Data is a pure function of the seed (:class:`~.synthetic.SyntheticTask`).
@@ -85,9 +92,12 @@ def mqar_batch(
     generator: torch.Generator,
     *,
     power_a: float = 0.01,
+    fill_keys: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """``rows`` MQAR sequences as ``(input_ids, targets)``, each ``(rows, seq_len)``: targets are
-    ``-100`` except at query positions, where they hold the queried key's value."""
+    ``-100`` except at query positions, where they hold the queried key's value. ``fill_keys``:
+    whether the random fill may hold the row's keys (Zoology's; off by default, see the module
+    docstring)."""
     half = vocab_size // 2
     if n_pairs > half - 1:
         raise ValueError(
@@ -106,6 +116,13 @@ def mqar_batch(
     values = torch.rand(rows, vocab_size - half, generator=generator).argsort(1)[:, :n_pairs]
     values = values + half
     x = torch.randint(0, vocab_size, (rows, seq_len), generator=generator)
+    if not fill_keys:  # redraw fill tokens that are one of the row's keys until none is
+        is_key = torch.zeros(rows, vocab_size, dtype=torch.bool)
+        is_key.scatter_(1, keys, True)
+        hit = is_key.gather(1, x)
+        while hit.any():
+            x[hit] = torch.randint(0, vocab_size, (int(hit.sum()),), generator=generator)
+            hit = is_key.gather(1, x)
     x[:, 0:context:2] = keys
     x[:, 1:context:2] = values
     # query gaps: without replacement, p(g) ~ (g + 1)^(a - 1), g = 0 .. space - 1
