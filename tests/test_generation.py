@@ -1,6 +1,7 @@
 """Greedy and beam search: beam 1 equals greedy, beam search finds hypotheses the model scores at
 least as high as greedy's on a trained model, length limits, EOS handling, translate()."""
 
+import copy
 import logging
 import math
 
@@ -258,3 +259,17 @@ def test_beam_finishes_only_on_eos_among_the_first_k_candidates():
     model.table[(4,)] = {EOS: 0.6, 5: 0.4}
     [[best]] = beam_search(model, src, beam=1, lenpen=0.0, max_len_a=0.0, max_len_b=2)
     assert best.tokens == [4] and best.log_prob == pytest.approx(math.log(0.9 * 0.6), rel=1e-5)
+
+
+def test_a_float64_model_keeps_float64_beam_and_greedy_scores(trained):
+    """Issue 23: beam scores were float32 for a float64 model. Now the search's scores of a
+    float64 model equal the model's float64 teacher-forced log-probabilities to 1e-12 (float32
+    sums of ~10 log-probabilities miss by ~1e-6)."""
+    m = copy.deepcopy(trained).double()
+    src = _sources(n=8, seed=5, lo=5, hi=15, max_len=7)
+    best = [f[0] for f in beam_search(m, src, beam=4, lenpen=0.0)]
+    greedy = greedy_search(m, src)
+    for hyps in (best, greedy):
+        exact = score_sequences(m, src, [h.tokens for h in hyps])
+        for h, lp in zip(hyps, exact):
+            assert abs(h.log_prob - lp) < 1e-12

@@ -96,6 +96,12 @@ def _mask_specials(lprobs: Tensor, cfg: Any, step: int, min_len: int, limit: Ten
         lprobs[forced, cfg.eos_id] = eos
 
 
+def _score_dtype(logits: Tensor) -> Tensor:
+    """Logits in the dtype scores are kept in: float64 for a float64 model (its
+    log-probabilities summed without rounding), float32 otherwise (bf16/fp16 logits too)."""
+    return logits if logits.dtype == torch.float64 else logits.float()
+
+
 @torch.inference_mode()
 def greedy_search(
     model: Any,
@@ -123,7 +129,7 @@ def greedy_search(
     for step in range(int(limit.max()) + 1):
         out = model.decode_step(tokens[:, -1:], state)
         state = out.state
-        lprobs = torch.log_softmax(out.logits[:, -1].float(), dim=-1)  # (B, V)
+        lprobs = torch.log_softmax(_score_dtype(out.logits[:, -1]), dim=-1)  # (B, V)
         _mask_specials(lprobs, cfg, step, min_len, limit)
         best, tok = lprobs.max(dim=-1)  # (B,)
         log_prob = torch.where(done, log_prob, log_prob + best.double())
@@ -181,7 +187,8 @@ def beam_search(
     offsets = (torch.arange(b, device=dev) * k)[:, None]  # (B, 1)
     for step in range(int(limit_s.max()) + 1):
         out = model.decode_step(tokens[:, -1:], state)
-        lprobs = torch.log_softmax(out.logits[:, -1].float(), dim=-1)  # (R, V)
+        lprobs = torch.log_softmax(_score_dtype(out.logits[:, -1]), dim=-1)  # (R, V)
+        scores = scores.to(lprobs.dtype)
         _mask_specials(lprobs, cfg, step, min_len, limit)
         v = lprobs.shape[-1]
         cand = (scores.view(r, 1) + lprobs).view(b, k * v)  # (B, K*V)
