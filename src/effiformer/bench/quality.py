@@ -248,7 +248,8 @@ BUDGETS: dict[str, QualityBudget] = {
         "cpu", dim=64, n_layers=2, n_heads=2, threads=1, jobs=2,
         tasks={
             "mqar": TaskBudget((64, 256, 1024), 8000, 2048, 3, _LRS, 500, min_batch=2,
-                               options={"eval_sequences": 256}, target=0.995),
+                               options={"eval_sequences": 256, "train_min_len": 64},
+                               target=0.995),
             "duplication": TaskBudget((256,), 2000, 2048, 3, _LRS, 500, min_batch=2,
                                       options={"vocab_size": 64}),
             "listops": TaskBudget((128,), 1500, 4096, 2, _LRS, 500, min_batch=8),
@@ -635,11 +636,22 @@ def _read_results(path: Path) -> dict[str, dict[str, Any]]:
     return done
 
 
-def _best_lr(records: list[dict[str, Any]], higher: bool) -> float | None:
+def _best_lr(
+    records: list[dict[str, Any]], higher: bool, target: float | None = None
+) -> float | None:
+    """The sweep's best rate: the best validation metric; cells that reached the ``target``
+    (and stopped there) count as equal, and among them the one that took the fewest steps wins
+    (the first in the list on a full tie)."""
     ok = [r for r in records if r.get("status") == "ok" and r.get("valid") is not None]
     if not ok:
         return None
-    key = (lambda r: r["valid"]) if higher else (lambda r: -r["valid"])
+
+    def key(r: dict[str, Any]) -> tuple[float, int]:
+        v = r["valid"] if higher else -r["valid"]
+        if target is not None and higher:
+            v = min(v, target)
+        return (v, -int(r.get("steps_done") or 0))
+
     return max(ok, key=key)["lr"]
 
 
@@ -771,7 +783,8 @@ def run_quality(
                     for m in mechs:
                         if len(rates) > 1:
                             recs = [done.get(cell_id(t, m, t_lengths[0], r, 0)) for r in rates]
-                            best = _best_lr([r for r in recs if r], TASKS[t][2])
+                            best = _best_lr([r for r in recs if r], TASKS[t][2],
+                                            b.tasks[t].target)  # fmt: skip
                             best = rates[len(rates) // 2] if best is None else best
                         else:
                             best = rates[0]

@@ -111,28 +111,32 @@ def mqar_batch(
             f"seq_len={seq_len} cannot hold {n_pairs} pairs and {n_pairs} queries (needs "
             f"seq_len >= {4 * n_pairs})"
         )
-    # keys and values without replacement per row: the first n of a random permutation
-    keys = torch.rand(rows, half - 1, generator=generator).argsort(1)[:, :n_pairs] + 1
-    values = torch.rand(rows, vocab_size - half, generator=generator).argsort(1)[:, :n_pairs]
-    values = values + half
-    x = torch.randint(0, vocab_size, (rows, seq_len), generator=generator)
-    if not fill_keys:  # redraw fill tokens that are one of the row's keys until none is
-        is_key = torch.zeros(rows, vocab_size, dtype=torch.bool)
-        is_key.scatter_(1, keys, True)
-        hit = is_key.gather(1, x)
-        while hit.any():
-            x[hit] = torch.randint(0, vocab_size, (int(hit.sum()),), generator=generator)
+    # on the generator's device whatever the default device is (a model built on "meta" too)
+    with torch.device(generator.device):
+        # keys and values without replacement per row: the first n of a random permutation
+        keys = torch.rand(rows, half - 1, generator=generator).argsort(1)[:, :n_pairs] + 1
+        values = torch.rand(rows, vocab_size - half, generator=generator).argsort(1)[:, :n_pairs]
+        values = values + half
+        x = torch.randint(0, vocab_size, (rows, seq_len), generator=generator)
+        if not fill_keys:  # redraw fill tokens that are one of the row's keys until none is
+            is_key = torch.zeros(rows, vocab_size, dtype=torch.bool)
+            is_key.scatter_(1, keys, True)
             hit = is_key.gather(1, x)
-    x[:, 0:context:2] = keys
-    x[:, 1:context:2] = values
-    # query gaps: without replacement, p(g) ~ (g + 1)^(a - 1), g = 0 .. space - 1
-    p = power_a * torch.arange(1, space + 1, dtype=torch.float64) ** (power_a - 1)
-    gaps = torch.multinomial(p.expand(rows, space), n_pairs, replacement=False, generator=generator)
-    qpos = context + 2 * gaps  # (rows, n_pairs)
-    x.scatter_(1, qpos, keys)
-    y = torch.full((rows, seq_len), IGNORE_INDEX, dtype=torch.long)
-    y.scatter_(1, qpos, values)
-    return x, y
+            while hit.any():
+                x[hit] = torch.randint(0, vocab_size, (int(hit.sum()),), generator=generator)
+                hit = is_key.gather(1, x)
+        x[:, 0:context:2] = keys
+        x[:, 1:context:2] = values
+        # query gaps: without replacement, p(g) ~ (g + 1)^(a - 1), g = 0 .. space - 1
+        p = power_a * torch.arange(1, space + 1, dtype=torch.float64) ** (power_a - 1)
+        gaps = torch.multinomial(
+            p.expand(rows, space), n_pairs, replacement=False, generator=generator
+        )
+        qpos = context + 2 * gaps  # (rows, n_pairs)
+        x.scatter_(1, qpos, keys)
+        y = torch.full((rows, seq_len), IGNORE_INDEX, dtype=torch.long)
+        y.scatter_(1, qpos, values)
+        return x, y
 
 
 def mqar_answers(input_ids: Tensor, n_pairs: int) -> Tensor:
