@@ -207,3 +207,22 @@ def test_mqar_breakdown_splits_queries_by_what_the_last_layer_can_attend():
     assert k[100, 92] and k[100, 95] and not k[100, 91] and not k[100, 101]  # 92: (100-92)%8==0
     lsh = create_model("vanilla-tiny", seq_len=128, vocab_size=256, attention="lsh")
     assert "direct_fraction" not in mqar_breakdown(lsh, task, sequences=2)  # content-based
+
+
+def test_the_sweep_prefers_the_rate_that_reached_the_target_in_the_fewest_steps():
+    """Cells that stopped at the target count as equal; the fewest steps wins among them (a
+    rate that reached 99.7% at step 6,000 is not better than one at 99.5% by step 2,500)."""
+    from effiformer.bench.quality import _best_lr
+
+    recs = [
+        {"status": "ok", "lr": 1e-3, "valid": 0.997, "steps_done": 6000},
+        {"status": "ok", "lr": 3e-3, "valid": 0.995, "steps_done": 2500},
+        {"status": "ok", "lr": 1e-2, "valid": 0.40, "steps_done": 8000},
+        {"status": "diverged", "lr": 3e-2, "valid": None},
+    ]
+    assert _best_lr(recs, True, 0.995) == 3e-3
+    assert _best_lr(recs, True) == 1e-3  # without a target the best metric wins
+    assert _best_lr(recs[2:], True, 0.995) == 1e-2
+    assert _best_lr(recs[3:], True, 0.995) is None
+    lm = [{"status": "ok", "lr": 1e-3, "valid": 1.9}, {"status": "ok", "lr": 3e-3, "valid": 1.7}]
+    assert _best_lr(lm, False) == 3e-3  # bits per character: lower is better
