@@ -123,3 +123,17 @@ def test_vanilla_keeps_the_project_default(tmp_path, capsys):
         k: getattr(want, k) for k in RECIPE_FIELDS if k != "betas"
     }
     assert tuple(saved["betas"]) == want.betas
+
+
+def test_sparse_models_train_with_the_sparse_transformer_recipe():
+    """Issue 23: the ``sparse-*`` names take Child et al.'s recipe (Adam with weight decay 0.01,
+    5,000 warmup steps, clip 1.0, cosine), the rest of the vanilla family the project default."""
+    from effiformer.recipes import recipe_for
+
+    for name in ("sparse-tiny", "sparse-small", "sparse-enwik8"):
+        r = recipe_for(name, "vanilla")
+        assert r.name == "sparse"
+        assert (r.optimizer, r.weight_decay, r.warmup, r.clip, r.schedule, r.min_lr_ratio) == (
+            "adamw", 0.01, 5000, 1.0, "cosine", 0.0
+        )  # fmt: skip
+    assert recipe_for("vanilla-small", "vanilla").name == "vanilla"

@@ -44,7 +44,7 @@ from ..attention.sparse import SparseConfig
 from ..config import ConfigError, ModelConfig
 from ..layers import FeedForward, LayerStack, TransformerBlock, build_positions, prefix_keys
 from ..layers.ffn import ACTIVATIONS
-from ..recipes import VANILLA_RECIPE, register_recipe
+from ..recipes import SPARSE_RECIPE, VANILLA_RECIPE, register_model_recipe, register_recipe
 from ..registry import register_family, register_model
 from .base import EffiModel, ModelOutput, lm_loss, scored_lm_loss
 
@@ -308,6 +308,7 @@ def build_vanilla(config: VanillaConfig) -> Transformer:
 
 register_family(VanillaConfig, build_vanilla)
 register_recipe("vanilla", VANILLA_RECIPE)
+register_model_recipe("sparse-*", SPARSE_RECIPE)
 register_model(
     "vanilla-tiny",
     VanillaConfig(dim=64, n_heads=2, n_layers=2, seq_len=128, dropout=0.0),
