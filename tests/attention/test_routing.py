@@ -694,3 +694,36 @@ def test_routing_vs_vanilla_script_records_both_models(tmp_path, data_env):
     assert lines[0]["kind"] == "environment"
     assert [r["model"] for r in lines[1:]] == ["vanilla-small", "routing-small"]
     assert all(r["steps"] == 2 and r["val_bpc"] > 0 for r in lines[1:])
+
+
+def test_shared_qk_commitment_is_the_official_sum_of_the_query_and_key_terms():
+    """Issue 23: the official loss adds a query and a key term; under shared QK the keys are the
+    queries, so the loss is twice the query term. An unshared layer whose routing keys are
+    projected by the query weights must give the same loss and k-means statistics."""
+    cfg = RoutingConfig(routing_heads=1, window=8, clusters=4)
+    shared = _part(RoutingConfig(**{**cfg.__dict__, "share_qk": True})).train()
+    unshared = _part(RoutingConfig(**{**cfg.__dict__, "share_qk": False}), seed=1).train()
+    dh = 8
+    with torch.no_grad():
+        for name in ("q_proj", "v_proj", "o_proj"):
+            getattr(unshared, name).weight.copy_(getattr(shared, name).weight)
+        unshared.k_proj.weight[:dh] = shared.q_proj.weight[:dh]  # routing keys = queries
+        unshared.k_proj.weight[dh:] = shared.k_proj.weight  # the local head's keys
+        unshared.ema_sums.copy_(shared.ema_sums)
+        unshared.ema_counts.copy_(shared.ema_counts)
+    x = torch.randn(2, 32, 16)
+    a = _run(shared, x, AttentionMask(causal=True))
+    b = _run(unshared, x, AttentionMask(causal=True))
+    assert_close(a.out, b.out)
+    assert_close(a.aux["commitment"], b.aux["commitment"])
+    for k in a.updates:
+        assert_close(a.updates[k], b.updates[k])
+
+
+@pytest.mark.parametrize("qk_norm,expected", [("layernorm", 1.0), ("l2", 8.0)])
+def test_the_default_routing_scale_gives_the_official_logits(qk_norm, expected):
+    """Issue 23: unit l2 vectors with scale 1 gave cosines in [-1, 1] (a near-uniform attention);
+    the default is d_head there, the logits LayerNorm'd vectors (norm sqrt(d_head)) give at 1."""
+    m = _part(RoutingConfig(routing_heads=1, window=8, clusters=4, qk_norm=qk_norm))
+    assert m.scale == expected
+    assert _part(RoutingConfig(routing_heads=1, qk_norm=qk_norm, scale=3.0)).scale == 3.0

@@ -42,7 +42,9 @@ all local (:meth:`RoutingConfig.for_layer`, the official ``sparsity_skip_first``
   under ``no_grad``); the trainer averages them over micro-batches and DDP ranks and writes them
   after the optimiser step.
 - **Commitment loss** ``commitment * mean ||x_hat - sg(mu_assigned)||^2`` (beta = 1e-4, official
-  ``e_loss``) over the normalised queries (plus keys when unshared), returned as
+  ``e_loss``) over the normalised queries plus the same over the keys, as the official code adds
+  the two terms (under shared QK the keys are the queries, so the query term counts twice, as
+  there), returned as
   ``aux["commitment"]`` in training: its gradient reaches q and k only (centroids are buffers and
   are detached anyway).
 
@@ -158,8 +160,10 @@ class RoutingConfig(AttentionConfig):
         at most ``T``).
     qk_norm: ``"layernorm"`` (official: LayerNorm without scale or bias) or ``"l2"`` (paper).
     share_qk: routing keys are the queries (``None``: when the model is causal).
-    scale: routing logits are ``scale * q_hat . k_hat`` (``None``: 1, the official convention on
-        LayerNorm'd vectors, whose norm is sqrt(d_head)).
+    scale: routing logits are ``scale * q_hat . k_hat`` (``None``: the official logits: 1 on
+        LayerNorm'd vectors, whose norm is sqrt(d_head), so the logits are d_head times the
+        cosine; ``d_head`` on unit ``"l2"`` vectors, the same logits: scale 1 there would leave
+        cosines in [-1, 1] and a near-uniform attention).
     decay / epsilon / commitment: k-means EMA decay, Laplace smoothing, commitment weight beta.
     bias: biases on the Q, K, V, O projections (the official projections have none).
     """
@@ -499,7 +503,9 @@ class RoutingAttention(AttentionPart):
 
     @property
     def scale(self) -> float:
-        return 1.0 if self.config.scale is None else float(self.config.scale)
+        if self.config.scale is not None:
+            return float(self.config.scale)
+        return float(self.dims.head_dim) if self.config.qk_norm == "l2" else 1.0
 
     def cluster_window(self, t: int) -> int:
         w = self.config.cluster_window
@@ -677,7 +683,9 @@ class RoutingAttention(AttentionPart):
         weight = None if real is None else real.to(qn.dtype)
         counts, sums, assign = kmeans_statistics(qn, mu, weight, scores=q_scores)
         loss = self._commitment(qn, mu, assign, weight)
-        if k is not None:
+        if k is None:  # shared QK: the official key term is the query term again
+            loss = 2 * loss
+        else:
             k_counts, k_sums, k_assign = kmeans_statistics(kn, mu, weight, scores=k_scores)
             counts, sums = (counts + k_counts) / 2, (sums + k_sums) / 2
             loss = loss + self._commitment(kn, mu, k_assign, weight)
