@@ -128,3 +128,24 @@ def test_translation_multi30k_script_on_a_tiny_folder(tmp_path):
     assert len((out / "test_2016_flickr.hyp.de").read_text().splitlines()) == 5
     assert (out / "bleu_curve.png").is_file() and (out / "model" / "tokenizer.json").is_file()
     assert (out / "run" / "latest").is_file()
+
+
+def test_the_decoder_spread_leaves_out_the_encoder_pass(monkeypatch):
+    """Issue 23: the search runs its own encoder pass; the decoder's mean was corrected for it
+    but its spread was not. A scripted clock (no time is measured): encoder passes of 1-10 ms,
+    decoders of exactly 50 ms, so the decoder's spread is 0 and its mean 50 ms."""
+    import types
+
+    from effiformer.bench import decoding
+
+    enc = [0.001 * (i + 1) for i in range(10)]
+    ticks = []
+    for e in enc:  # t0, t1 = t0 + encoder, t2 = t1 + (encoder again + decoder)
+        start = ticks[-1] + 1.0 if ticks else 0.0
+        ticks += [start, start + e, start + e + e + 0.05]
+    clock = iter(ticks)
+    monkeypatch.setattr(decoding, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    lat = decoding_latency(create_model("seq2seq-tiny"), src_len=5, beam=2, steps=3, warmup=0,
+                           runs=10)  # fmt: skip
+    assert lat.decoder_s == pytest.approx(0.05) and lat.decoder_std_s == pytest.approx(0, abs=1e-12)
+    assert lat.encoder_s == pytest.approx(trimmed_mean(enc)) and lat.encoder_std_s > 0.001
