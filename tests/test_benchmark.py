@@ -693,3 +693,32 @@ def test_ctrl_c_prints_one_line_keeps_finished_cells_and_exits_130(tmp_path):
     assert len(lines) == 1 and "interrupted after 1 of 2 cells" in lines[0], stderr
     (rec,) = [json.loads(x) for x in results.read_text().splitlines()]
     assert rec["name"] == "test-quick" and rec["status"] == "ok"
+
+
+def test_reference_rows_follow_the_attention_not_the_family():
+    """Issue 28 item 8: ``bench sparse-small reformer-small routing-small --part attention`` put
+    the LSH rows beside sparse-small (a vanilla-family model) where they could only fail. Rows
+    bound to an attention stand beside every model with that attention and no other; with
+    several models every reference row is labelled ``name@model``."""
+    from effiformer.bench import harness
+    from effiformer.bench.report import row_labels
+
+    names = ["sparse-small", "reformer-small", "routing-small", "vanilla-small"]
+    cells = harness._plan(names, [2048], [], ["attention"], ["*"], False, [], None)
+    beside = {n: {c["label"] for c in cells if c["name"] == n and c["reference"]} for n in names}
+    lsh = {"reformer-pytorch", "hf-reformer-lsh"}
+    assert lsh <= beside["reformer-small"] and not lsh & beside["sparse-small"]
+    assert "routing-transformer" in beside["routing-small"]
+    assert "routing-transformer" not in beside["sparse-small"] | beside["vanilla-small"]
+    assert "local-attention" in beside["sparse-small"]
+    assert "local-attention" not in beside["vanilla-small"] | beside["reformer-small"]
+    # the attention is the configured one: --set attention=lsh brings the LSH rows to vanilla
+    swapped = harness._plan(["vanilla-small"], [2048], [], ["attention"], ["*"], False,
+                            ["attention=lsh"], None)  # fmt: skip
+    assert lsh <= {c["label"] for c in swapped if c["reference"]}
+    recs = [{"name": n, "target": t} for n, t in [("sparse-small", "sparse-small"),
+            ("sdpa", "sparse-small"), ("routing-small", "routing-small"),
+            ("routing-transformer", "routing-small")]]  # fmt: skip
+    assert row_labels(recs) == ["sparse-small", "sdpa@sparse-small", "routing-small",
+                                "routing-transformer@routing-small"]  # fmt: skip
+    assert row_labels(recs[:2]) == ["sparse-small", "sdpa"]

@@ -648,7 +648,7 @@ def test_reference_row_takes_the_clusters_and_window_of_our_first_layer():
     from effiformer.bench.references import list_references
 
     rows = [r for r in list_references() if r.name == "routing-transformer"]
-    assert {r.target for r in rows} >= {"routing-small", "routing-enwik8"}
+    assert [(r.target, r.attention) for r in rows] == [("*", ("routing",))]
     spec = _spec("routing-small", 4096, **{"attention.window": 256})
     shape = rr.routing_layer_shape(spec)
     torch.manual_seed(0)

@@ -22,9 +22,10 @@ def _spec(name, t=96, **over):
     )
 
 
-def test_the_row_is_registered_beside_the_vanilla_family():
+def test_the_row_is_registered_beside_sparse_and_local_attention():
     ref = next(r for r in list_references() if r.name == "local-attention")
-    assert ref.target == "vanilla" and ref.parts == ("attention",)
+    assert ref.target == "*" and ref.attention == ("sparse", "local")
+    assert ref.parts == ("attention",)
     assert ref.requires == ("local_attention",)
 
 

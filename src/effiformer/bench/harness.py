@@ -712,12 +712,14 @@ def _plan(
         for length in src_lens if part == "decoding" else lengths:
             for name in names:
                 family = get_spec(name).family
+                config = get_config(name, **bench_overrides(name, set_items, length))
+                attention = getattr(getattr(config, "attention", None), "name", None)
                 base = dict(name=name, family=family, part=part, seq_len=length, set=set_items)
                 if part == "decoding":
                     base["steps"] = length if steps is None else steps
                 if not refs_only:
                     cells.append(dict(base, label=name, reference=None))
-                for ref in references_for(name, family, part):
+                for ref in references_for(name, family, part, attention):
                     if any(fnmatch.fnmatchcase(ref.name, p) for p in ref_patterns):
                         cells.append(dict(base, label=ref.name, reference=ref))
     return cells

@@ -4,7 +4,9 @@ A reference is a factory that receives the :class:`CellSpec` of a cell (the mode
 the ``--set`` overrides, the part, the length, batch, device and dtype) and returns a
 :class:`Workload` (or a bare callable returning a tensor) to time at the same shape. It is
 registered once for a family (``"vanilla"``), an exact model name (``"vanilla-small"``) or every
-family (``"*"``)::
+family (``"*"``), and optionally only for models whose attention is one of ``attention`` (the
+attention config's ``name``: a row that times an LSH layer stands beside every model with LSH
+attention, whatever its family, and beside no other)::
 
     from effiformer.bench import CellSpec, Workload, register_reference
 
@@ -157,9 +159,14 @@ class Reference:
     baseline: bool = False
     description: str = ""
     estimate_bytes: Callable[[CellSpec], int] | None = None
+    attention: tuple[str, ...] = ()
 
-    def matches(self, name: str, family: str) -> bool:
-        return self.target in ("*", name, family)
+    def matches(self, name: str, family: str, attention: str | None = None) -> bool:
+        """Whether this row stands beside model ``name`` of ``family`` whose attention config is
+        named ``attention`` (None: unknown, which an attention-bound row does not match)."""
+        if self.target not in ("*", name, family):
+            return False
+        return not self.attention or attention in self.attention
 
     @property
     def module(self) -> str:
@@ -190,6 +197,7 @@ def register_reference(
     baseline: bool = False,
     description: str = "",
     estimate_bytes: Callable[[CellSpec], int] | None = None,
+    attention: Iterable[str] = (),
 ) -> Reference:
     """Register ``factory`` as the reference row ``name`` beside ``family_or_name``.
 
@@ -201,6 +209,8 @@ def register_reference(
         requires: importable packages it needs; without them the row is skipped with the reason.
         baseline: ratios in the table are taken against this row when it is present.
         estimate_bytes: its own memory estimate for a cell (default: the model's estimate).
+        attention: the attention config names (``"lsh"``, ``"routing"``) it stands beside; empty:
+            any attention of the target.
 
     Re-registering the same factory (same module and qualified name) under the same name and
     target replaces it, so a plugin file may be imported twice; anything else already registered
@@ -227,6 +237,7 @@ def register_reference(
         baseline=baseline,
         description=description,
         estimate_bytes=estimate_bytes,
+        attention=tuple(attention),
     )
     _REFERENCES[key] = ref
     return ref
@@ -241,9 +252,14 @@ def list_references() -> list[Reference]:
     return list(_REFERENCES.values())
 
 
-def references_for(name: str, family: str, part: str) -> list[Reference]:
-    """References that stand beside model ``name`` of ``family`` for ``part``."""
-    return [r for r in _REFERENCES.values() if part in r.parts and r.matches(name, family)]
+def references_for(
+    name: str, family: str, part: str, attention: str | None = None
+) -> list[Reference]:
+    """References that stand beside model ``name`` of ``family`` (attention config named
+    ``attention``) for ``part``."""
+    return [
+        r for r in _REFERENCES.values() if part in r.parts and r.matches(name, family, attention)
+    ]
 
 
 def missing_requirements(ref: Reference) -> list[str]:

@@ -103,20 +103,21 @@ def hf_reformer_lsh_reference(spec: CellSpec) -> Workload:
     return Workload(forward=lambda: layer(x).hidden_states, module=layer, inputs=(x,))
 
 
-for _family in ("vanilla", "reformer"):
-    register_reference(
-        _family,
-        reformer_pytorch_reference,
-        name="reformer-pytorch",
-        parts=("attention",),
-        requires=("reformer_pytorch",),
-        description="lucidrains reformer-pytorch LSHSelfAttention, same width/heads/chunk/hashes",
-    )
-    register_reference(
-        _family,
-        hf_reformer_lsh_reference,
-        name="hf-reformer-lsh",
-        parts=("attention",),
-        requires=("transformers",),
-        description="HF transformers ReformerAttention (LSH), same width/heads/chunk/hashes",
-    )
+register_reference(
+    "*",
+    reformer_pytorch_reference,
+    name="reformer-pytorch",
+    parts=("attention",),
+    requires=("reformer_pytorch",),
+    attention=("lsh",),
+    description="lucidrains reformer-pytorch LSHSelfAttention, same width/heads/chunk/hashes",
+)
+register_reference(
+    "*",
+    hf_reformer_lsh_reference,
+    name="hf-reformer-lsh",
+    parts=("attention",),
+    requires=("transformers",),
+    attention=("lsh",),
+    description="HF transformers ReformerAttention (LSH), same width/heads/chunk/hashes",
+)

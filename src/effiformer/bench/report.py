@@ -19,13 +19,13 @@ Record = dict[str, Any]
 
 
 def row_labels(records: Sequence[Record]) -> list[str]:
-    """A display label per record: its ``name``, or ``name@target`` when the same reference
-    name stands beside several models."""
-    targets: dict[str, set[str]] = {}
-    for r in records:
-        targets.setdefault(r["name"], set()).add(r["target"])
+    """A display label per record: a model row's ``name``; a reference row's ``name``, or
+    ``name@target`` for every reference row when the table holds several models (so each
+    reference row says which model it stands beside, whether or not its name repeats)."""
+    targets = {r["target"] for r in records}
     return [
-        r["name"] if len(targets[r["name"]]) == 1 else f"{r['name']}@{r['target']}" for r in records
+        r["name"] if r["name"] == r["target"] or len(targets) == 1 else f"{r['name']}@{r['target']}"
+        for r in records
     ]
 
 

@@ -27,7 +27,6 @@ import torch
 from torch import Tensor
 
 from ..attention.routing import RoutingConfig
-from ..registry import list_models
 from .references import CellSpec, Workload, register_reference
 
 __all__ = ["routing_transformer_reference", "routing_layer_shape"]
@@ -94,12 +93,12 @@ def routing_transformer_reference(spec: CellSpec) -> Workload:
     return Workload(forward=forward, module=layer, inputs=(x,))
 
 
-for _name in list_models("routing-*"):
-    register_reference(
-        _name,
-        routing_transformer_reference,
-        name="routing-transformer",
-        parts=("attention",),
-        requires=("routing_transformer",),
-        description="lucidrains routing-transformer SelfAttention, same heads, clusters, window",
-    )
+register_reference(
+    "*",
+    routing_transformer_reference,
+    name="routing-transformer",
+    parts=("attention",),
+    requires=("routing_transformer",),
+    attention=("routing",),
+    description="lucidrains routing-transformer SelfAttention, same heads, clusters, window",
+)

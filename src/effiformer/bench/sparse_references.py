@@ -84,11 +84,12 @@ def _local_attention_estimate(spec: CellSpec) -> int:
 
 
 register_reference(
-    "vanilla",
+    "*",
     local_attention_reference,
     name="local-attention",
     parts=("attention",),
     requires=("local_attention",),
+    attention=("sparse", "local"),
     description="lucidrains local-attention, window = attention.stride or 256, look-back 1, "
     "with our Q/K/V/O projections",
     estimate_bytes=_local_attention_estimate,
