@@ -1,19 +1,16 @@
 """`effiformer search latency-data | predictor | evolve` end to end at tiny sizes (HAT on a
 trained tiny SuperTransformer, and a registered family); nothing is timed or compared here."""
 
+import io
 import json
 
 import pytest
 import torch
 from torch.testing import assert_close
 
-from effiformer import create_model, load_model
+from effiformer import load_model
 from effiformer.cli import main
-from effiformer.data import ParallelData
 from effiformer.models.hat import SubTransformer
-from effiformer.tasks.supernet import SuperNetTask
-from effiformer.tasks.translation import TranslationTask
-from effiformer.train import TrainConfig, train
 
 
 @pytest.fixture(autouse=True)
@@ -43,15 +40,18 @@ def _json(capsys):
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
-def test_hat_search_steps_on_a_trained_supertransformer(tmp_path, capsys):
+def test_hat_end_to_end_from_the_command_line(tmp_path, capsys, monkeypatch):
+    """Issue 28 item 3: the SuperTransformer trains with ``effiformer train`` (one sampled
+    SubTransformer per update), the search runs on that run, and the exported SubTransformer is
+    a run that ``eval`` scores and ``translate`` decodes with; the SuperTransformer run itself is
+    refused by ``translate`` with what to do instead."""
     data = _folder(tmp_path)
-    inner = TranslationTask(ParallelData(data, "en", "de"), vocab_size=80, max_tokens=120,
-                            eval_sentences=2)  # fmt: skip
-    torch.manual_seed(0)
-    model = create_model("hat-tiny", vocab_size=inner.tokenizer.vocab_size)
-    cfg = TrainConfig(steps=3, lr=3e-3, warmup=1, eval_every=None, progress=False,
-                      out_dir=str(tmp_path / "super"), device="cpu")  # fmt: skip
-    train(model, SuperNetTask(inner), cfg)
+    assert main(["train", "hat-tiny", "--task", "translation", "--data", str(data), "--src",
+                 "en", "--tgt", "de", "--vocab-size", "80", "--max-tokens", "120",
+                 "--eval-sentences", "2", "--steps", "3", "--lr", "3e-3", "--warmup", "1",
+                 "--eval-every", "0", "--out", str(tmp_path / "super")]) == 0  # fmt: skip
+    trained = _json(capsys)
+    assert trained["step"] == 3 and "val_smallest_loss" in trained  # both representatives
 
     lat, pred = str(tmp_path / "lat.csv"), str(tmp_path / "pred.pt")
     assert main(["search", "latency-data", "--space", "tiny", "--n", "12", "--runs", "1",
@@ -77,7 +77,16 @@ def test_hat_search_steps_on_a_trained_supertransformer(tmp_path, capsys):
     sup = load_model(tmp_path / "super" / "step-00000003").eval()
     x = torch.tensor([[5, 6, 7, 3]])
     assert_close(exported(x, x).logits, sup(x, x, sample=best).logits)
-    assert (tmp_path / "sub" / "tokenizer.json").is_file()
+    assert (tmp_path / "sub" / "step-00000003" / "tokenizer.json").is_file()
+    assert main(["eval", str(tmp_path / "sub"), "--eval-sentences", "3"]) == 0
+    scored = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert scored["sentences"] == 3 and scored["model"] == "hat-subtransformer"
+    assert 0 <= scored["bleu"] <= 100
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"a red dog.\nbig man.\n")))
+    assert main(["translate", str(tmp_path / "sub"), "--no-progress"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2
+    assert main(["translate", str(tmp_path / "super"), "--no-progress"]) != 0
+    assert "holds a SuperTransformer (HAT)" in capsys.readouterr().err
     # an infeasible limit is a clear error, exit code 2
     i = args.index("--latency-ms") + 1
     assert main([*args[:i], "0.0001", *args[i + 1 :], "--max-tries", "50"]) == 2

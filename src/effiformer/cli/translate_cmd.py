@@ -18,8 +18,14 @@ from ..checkpoint import load_config, load_model
 from ..data.tokenizer import TOKENIZER_FILE, SubwordTokenizer, TokenizerError
 from ..generation import translate
 from ..progress import progress_bar, progress_enabled
+from ..registry import build_model
 from ..tasks.base import resolve_device
-from ..tasks.translation import check_pair, load_translation_run, read_pair
+from ..tasks.translation import (
+    check_pair,
+    check_translation_model,
+    load_translation_run,
+    read_pair,
+)
 from .common import (
     add_common_flags,
     device_name,
@@ -73,9 +79,10 @@ def _load_saved_model(
     """(model in eval mode, tokenizer, meta) of a folder of :func:`effiformer.save_model` with
     a ``tokenizer.json`` (and optionally the ``translation.json`` pair) beside the weights, as
     :func:`~effiformer.tasks.translation.load_translation_run` gives them for a run."""
-    family = load_config(directory).family
-    if family != "seq2seq":
-        raise ValueError(f"{directory} holds a {family!r} model, not a translation model")
+    config = load_config(directory)
+    if config.family not in ("seq2seq", "hat") or (config.family == "hat" and config.sub is None):
+        with torch.device("meta"):
+            check_translation_model(build_model(config), directory)  # raises, naming why
     if not (directory / TOKENIZER_FILE).is_file():
         raise saved_model_lacks(
             directory,

@@ -144,10 +144,9 @@ def evolve_supernet_run(
     ``sentences`` pairs of ``split`` of the run's data (or ``data``), latency = the saved
     predictor's. ``export``: also save the best SubTransformer with its inherited weights (and
     the tokenizer) as a standalone checkpoint there. Returns (SearchResult, JSON record)."""
-    from ..checkpoint import save_model
     from ..data.parallel import ParallelData
     from ..models.hat import export_subtransformer
-    from ..tasks.translation import PAIR_FILE, TranslationTask
+    from ..tasks.translation import TranslationTask
     from .hat import load_supernet_run, result_record, search_subtransformer, validation_batches
     from .predictor import load_predictor
 
@@ -169,11 +168,55 @@ def evolve_supernet_run(
     if export is not None:
         out = Path(export)
         standalone = export_subtransformer(model, result.best)
-        save_model(standalone, out, name="hat-subtransformer")
-        tokenizer.save(out)
-        (out / PAIR_FILE).write_text(json.dumps(pair) + "\n")
+        export_run(standalone, out, meta, tokenizer, pair)
         record["exported"] = str(out)
     return result, record
+
+
+class _ExportedTask:
+    """What a run checkpoint records of its task, for an exported SubTransformer: the
+    SuperTransformer run's translation task (its data, languages and splits) without the
+    per-update sampling, and its vocabulary and language pair as files."""
+
+    def __init__(self, described: dict[str, Any], artifacts: dict[str, bytes]) -> None:
+        self._described = described
+        self._artifacts = artifacts
+
+    def describe(self) -> dict[str, Any]:
+        return dict(self._described)
+
+    def artifacts(self) -> dict[str, bytes]:
+        return dict(self._artifacts)
+
+
+def export_run(
+    standalone: Any, out: Path, meta: dict[str, Any], tokenizer: Any, pair: dict[str, Any]
+) -> Path:
+    """Write an exported SubTransformer as a run folder of its own (``OUT/latest`` ->
+    ``OUT/step-N``, N the SuperTransformer's step): weights and config, the tokenizer and the
+    language pair, and a ``meta.json`` whose task is the SuperTransformer run's translation
+    task, so that ``effiformer eval OUT`` scores it on the run's data and ``effiformer translate
+    OUT`` decodes with it. ``train_config.json`` records where it came from; it is not a run to
+    ``--resume`` (HAT trains a searched SubTransformer anew, ``effiformer train``)."""
+    import tempfile
+
+    from ..checkpoint import save_run_checkpoint
+    from ..tasks.translation import PAIR_FILE
+
+    described = {k: v for k, v in (meta.get("task") or {}).items() if k != "supernet"}
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save(tmp)
+        files = {p.name: p.read_bytes() for p in Path(tmp).iterdir()}
+    files[PAIR_FILE] = (json.dumps(pair) + "\n").encode()
+    return save_run_checkpoint(
+        out,
+        int(meta.get("step") or 0),
+        standalone,
+        trainer_state={"exported_from": meta.get("path"), "sub": standalone.config.sub},
+        train_config={"exported_from": meta.get("path"), "kind": "hat-subtransformer"},
+        task=_ExportedTask(described, files),
+        model_name="hat-subtransformer",
+    )
 
 
 def evolve_family(

@@ -474,6 +474,24 @@ class TranslationTask:
 # ------------------------------------------------------------------------------------------
 
 
+def check_translation_model(model: nn.Module, where: Any) -> None:
+    """Refuse what cannot translate: models of a family other than ``seq2seq`` and ``hat``, and
+    a HAT SuperTransformer whose SubTransformer is not fixed (``config.sub``), with what to do
+    instead (search it and export the SubTransformer found)."""
+    family = getattr(getattr(model, "config", None), "family", None)
+    if family == "seq2seq":
+        return
+    if family == "hat":
+        if model.config.sub is not None:
+            return
+        raise ValueError(
+            f"{where} holds a SuperTransformer (HAT): it translates as one of its "
+            f"SubTransformers; search one under a latency limit and export it (effiformer search "
+            f"evolve {where} --predictor PRED --latency-ms MS --export DIR), then use DIR"
+        )
+    raise ValueError(f"{where} holds a {family!r} model, not a translation model")
+
+
 def load_translation_run(
     run: str | os.PathLike, *, device: torch.device | str = "cpu"
 ) -> tuple[nn.Module, SubwordTokenizer, dict[str, Any]]:
@@ -490,8 +508,7 @@ def load_translation_run(
         )
     tokenizer = SubwordTokenizer.load(ckpt)
     model, meta = load_checkpoint(ckpt, map_location=device)
-    if getattr(model.config, "family", None) != "seq2seq":
-        raise ValueError(f"{ckpt} holds a {model.config.family!r} model, not a translation model")
+    check_translation_model(model, run)
     if model.config.vocab_size != tokenizer.vocab_size:
         raise TokenizerError(
             f"{ckpt}: the model has vocab_size={model.config.vocab_size} but its "
@@ -709,11 +726,11 @@ def build_translation(options: TranslationOptions, context: BuildContext) -> Tas
         base = get_spec(name).config
         source = options.tokenizer
         tokenizer = SubwordTokenizer.load(source) if source is not None else None
-    if base.family != "seq2seq":
-        models = ", ".join(n for n in list_models() if get_spec(n).family == "seq2seq")
+    if base.family not in ("seq2seq", "hat"):
+        models = ", ".join(n for n in list_models() if get_spec(n).family in ("seq2seq", "hat"))
         raise ValueError(
-            f"--task translation trains encoder-decoder models (family seq2seq: {models}); "
-            f"{name!r} is a {base.family!r} model"
+            f"--task translation trains encoder-decoder models (families seq2seq and hat: "
+            f"{models}); {name!r} is a {base.family!r} model"
         )
     overrides = parse_overrides(base, context.overrides)
     data = ParallelData(options.data, options.src, options.tgt)
@@ -746,12 +763,19 @@ def build_translation(options: TranslationOptions, context: BuildContext) -> Tas
     torch.manual_seed(context.seed)
     model = build_model(model_config)
     task._check_model(model)
-    return TaskSetup(
-        task=task,
-        model=model,
-        model_name=str(name),
-        data_name=f"{Path(options.data).name} {options.src}->{options.tgt}",
-    )
+    data_name = f"{Path(options.data).name} {options.src}->{options.tgt}"
+    if base.family == "hat":
+        # a SuperTransformer: one SubTransformer sampled per update (HAT sec. 3.1), evaluated
+        # as its largest and smallest SubTransformers
+        from .supernet import SuperNetTask
+
+        return TaskSetup(
+            task=SuperNetTask(task, seed=context.seed),
+            model=model,
+            model_name=str(name),
+            data_name=f"{data_name} (SuperTransformer)",
+        )
+    return TaskSetup(task=task, model=model, model_name=str(name), data_name=data_name)
 
 
 def evaluate_translation(
