@@ -704,7 +704,8 @@ def test_reference_rows_follow_the_attention_not_the_family():
     from effiformer.bench.report import row_labels
 
     names = ["sparse-small", "reformer-small", "routing-small", "vanilla-small"]
-    cells = harness._plan(names, [2048], [], ["attention"], ["*"], False, [], None)
+    rows = {2048: [harness.BenchRow(n, n) for n in names]}
+    cells = harness._plan(rows, [], ["attention"], ["*"], False, [], None)
     beside = {n: {c["label"] for c in cells if c["name"] == n and c["reference"]} for n in names}
     lsh = {"reformer-pytorch", "hf-reformer-lsh"}
     assert lsh <= beside["reformer-small"] and not lsh & beside["sparse-small"]
@@ -713,8 +714,8 @@ def test_reference_rows_follow_the_attention_not_the_family():
     assert "local-attention" in beside["sparse-small"]
     assert "local-attention" not in beside["vanilla-small"] | beside["reformer-small"]
     # the attention is the configured one: --set attention=lsh brings the LSH rows to vanilla
-    swapped = harness._plan(["vanilla-small"], [2048], [], ["attention"], ["*"], False,
-                            ["attention=lsh"], None)  # fmt: skip
+    swapped = harness._plan({2048: [harness.BenchRow("vanilla-small", "vanilla-small")]}, [],
+                            ["attention"], ["*"], False, ["attention=lsh"], None)  # fmt: skip
     assert lsh <= {c["label"] for c in swapped if c["reference"]}
     recs = [{"name": n, "target": t} for n, t in [("sparse-small", "sparse-small"),
             ("sdpa", "sparse-small"), ("routing-small", "routing-small"),
@@ -722,3 +723,67 @@ def test_reference_rows_follow_the_attention_not_the_family():
     assert row_labels(recs) == ["sparse-small", "sdpa@sparse-small", "routing-small",
                                 "routing-transformer@routing-small"]  # fmt: skip
     assert row_labels(recs[:2]) == ["sparse-small", "sdpa"]
+
+
+# ------------------------------------------------------------------------------ the default set
+
+
+def test_the_default_set_puts_the_mechanisms_side_by_side_against_dense(tmp_path):
+    """Issue 28: README command 1 showed dense attention alone (its x column always 1.00). The
+    default set is every DEFAULT_MECHANISMS entry in vanilla-small at the quality suite's
+    settings for the length, one layer and the whole model, with the ratios against dense."""
+    from effiformer.bench import DEFAULT_MECHANISMS, default_rows
+    from effiformer.bench.quality import mechanism_settings
+
+    rows = default_rows(4096)
+    assert [r.label for r in rows] == list(DEFAULT_MECHANISMS)
+    assert [r.label for r in rows if r.baseline] == ["dense"]
+    local = next(r for r in rows if r.label == "local")
+    assert local.overrides == ("attention=local", "attention.window=512")
+    for r in rows:  # every row builds the attention the quality suite trains at that length
+        config = get_config(r.name, **bench_overrides(r.name, r.overrides, 4096))
+        assert config.attention.name == (mechanism_settings(r.label, "lm", 4096) or {})["name"]
+    result = run_bench(
+        [], lengths=[4096], max_memory_mib=0.001, out=tmp_path, measure_peak=False, **FAST
+    )  # fmt: skip  (plans, runs nothing)
+    recs = result.records
+    assert [(r["part"], r["name"]) for r in recs] == [
+        (p, m) for p in ("model", "attention") for m in DEFAULT_MECHANISMS
+    ]
+    assert all(r["model"] == "vanilla-small" and r["target"] == r["name"] for r in recs)
+    assert [r["name"] for r in recs if r["baseline"]] == ["dense", "dense"]
+    assert "x: ratio to the dense row of the same part and length." in format_table(recs)
+
+
+def test_the_summary_names_the_fastest_and_smallest_and_every_ratio_to_dense():
+    from effiformer.bench import format_summary
+    from effiformer.bench.report import baselines
+
+    def rec(name, t, mib, base=False):
+        return {"kind": "model", "status": "ok", "part": "model", "seq_len": 4096, "batch": 1,
+                "name": name, "target": name, "fwd_ms": t / 3, "fwd_bwd_ms": t,
+                "peak_mib": mib, "baseline": base}  # fmt: skip
+
+    recs = [rec("dense", 100.0, 400.0, True), rec("local", 50.0, 500.0), rec("lsh", 200.0, 300.0)]
+    assert baselines(recs) == [0, 0, 0]  # across targets: every row against dense
+    text = format_summary(recs)
+    assert "the whole model at 4,096 tokens (forward+backward):" in text
+    assert "fastest: local (50.0 ms, 0.50x dense)" in text
+    assert "least memory: lsh (300 MiB, 0.75x dense)" in text
+    assert "local 0.50x time, 1.25x memory; lsh 2.00x time, 0.75x memory" in text
+    assert format_summary(recs[1:]) == ""  # no dense row: nothing to compare against
+
+
+def test_readme_command_1_runs_the_default_set_then_the_quality_smoke(tmp_path, capsys):
+    """The CLI path of README command 1 (the bench cells skipped by a tiny memory limit, so the
+    test times nothing): the mechanisms' table, then the quality smoke of the same mechanisms."""
+    from effiformer.bench import DEFAULT_MECHANISMS
+
+    out = tmp_path / "b"
+    assert main(["bench", "--max-memory-mib", "0.001", "--out", str(out), "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    rows = [line.split()[1] for line in text.splitlines() if line.startswith("model ")]
+    assert rows == list(DEFAULT_MECHANISMS)
+    assert "quality smoke: MQAR at 64 tokens" in text
+    assert f"{len(DEFAULT_MECHANISMS)} of {len(DEFAULT_MECHANISMS)} mechanisms trained" in text
+    assert (out / "quality-smoke" / "results.jsonl").is_file()

@@ -102,6 +102,12 @@ from .references import (
 from .report import NOISY_SPREAD, format_table, plot_results
 
 __all__ = [
+    "BenchRow",
+    "DEFAULT_MECHANISMS",
+    "DEFAULT_SET_LENGTHS",
+    "DEFAULT_SET_REPEATS",
+    "DEFAULT_SET_WARMUP",
+    "default_rows",
     "DEFAULT_NAMES",
     "DEFAULT_LENGTHS",
     "DEFAULT_REFS",
@@ -125,7 +131,18 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_NAMES = ("vanilla-small",)
 DEFAULT_LENGTHS = (256, 512, 1024, 2048, 4096)
-DEFAULT_REFS = ("sdpa",)
+#: The default set (``effiformer bench`` with no names): these attention mechanisms, each in
+#: :data:`DEFAULT_NAMES`' model at its settings for the length (the quality suite's
+#: :data:`~effiformer.bench.quality.MECHANISMS`, language-modelling settings), one layer and the
+#: whole model, forward and forward+backward, at :data:`DEFAULT_SET_LENGTHS`.
+DEFAULT_MECHANISMS = ("dense", "local", "sparse-fixed", "routing", "lsh", "adaptive-span")
+DEFAULT_SET_LENGTHS = (4096,)
+#: timed runs and plain warm-up runs of the default set (its two FLOP-counting passes warm up)
+DEFAULT_SET_REPEATS = 3
+DEFAULT_SET_WARMUP = 0
+#: references of the default set: none (its baseline is the dense row; ``--refs sdpa`` adds the
+#: bare SDPA call beside each layer)
+DEFAULT_REFS = ("none",)
 DEFAULT_REPEATS = 5
 DEFAULT_WARMUP = 1
 #: HAT's latency measurement (``latency_dataset.py``): 5 warm-up runs, then 20 timed.
@@ -338,6 +355,34 @@ def environment(device: torch.device, dtype: str, threads: int, *, peak: bool = 
 
 
 # ---------------------------------------------------------------------------------- planning
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """One model row: the registered ``name`` built with ``overrides`` (``KEY=VALUE`` items, as
+    ``--set``, applied after the run's own) and shown as ``label``."""
+
+    label: str
+    name: str
+    overrides: tuple[str, ...] = ()
+    #: the row the table's ratios are taken against (across every row of a part and length)
+    baseline: bool = False
+
+
+def default_rows(length: int) -> list[BenchRow]:
+    """The default set's rows at ``length``: every :data:`DEFAULT_MECHANISMS` entry in
+    ``DEFAULT_NAMES[0]``, with the attention settings the quality suite gives it for language
+    modelling at that length (local window T/8, sparse stride ~sqrt(T), LSH chunks of 64 with 2
+    hashes, sqrt(T) routing clusters, adaptive spans up to T)."""
+    from .quality import mechanism_settings
+
+    rows = []
+    for m in DEFAULT_MECHANISMS:
+        att = mechanism_settings(m, "lm", length) or {"name": "dense"}
+        items = [f"attention={att['name']}"]
+        items += [f"attention.{k}={v}" for k, v in att.items() if k != "name"]
+        rows.append(BenchRow(m, DEFAULT_NAMES[0], tuple(items), baseline=m == "dense"))
+    return rows
 
 
 def resolve_names(patterns: Iterable[str]) -> list[str]:
@@ -553,14 +598,16 @@ def run_bench(
 ) -> BenchResult:
     """Benchmark ``names`` (registered names or globs) at ``lengths`` and write ``out``.
 
-    With no ``names``: the default set, :data:`DEFAULT_NAMES` with parts model and attention and
-    the ``sdpa`` reference only. ``parts`` defaults to ``("model",)`` when names are given;
+    With no ``names``: the default set, every :data:`DEFAULT_MECHANISMS` entry in
+    :data:`DEFAULT_NAMES`' model (:func:`default_rows`, at each length; pass
+    :data:`DEFAULT_SET_LENGTHS` for the command line's), parts model and attention, no
+    references, the ratios against the ``dense`` row. ``parts`` defaults to ``("model",)`` when names are given;
     ``"decoding"`` times whole translations of encoder-decoder models at the source lengths
     ``src_lens`` with ``beam`` and ``steps`` decoder steps (default: the source length).
     ``repeats`` / ``warmup``: timed and warm-up runs per cell (default 5 and 1; for decoding
     20 and 5, HAT's). ``overrides`` are ``KEY=VALUE`` config items (as ``--set``). ``refs`` are
     globs over reference names (``("none",)`` for none; default: every matching reference,
-    ``sdpa`` only for the default set); ``refs_only`` drops the model rows. ``plugins`` are
+    none for the default set); ``refs_only`` drops the model rows. ``plugins`` are
     imported first (they may register models as well as references).
 
     ``out`` must not hold results already unless ``append`` (add to them) or ``force``
@@ -620,7 +667,12 @@ def run_bench(
         refs = ("*",) if names else DEFAULT_REFS
     for plugin in plugins:  # first: a plugin may register the models it is asked for
         load_plugin(plugin)
+    default_set = not names
     names = resolve_names(names) if names else list(DEFAULT_NAMES)
+    rows_at = {
+        length: default_rows(length) if default_set else [BenchRow(n, n) for n in names]
+        for length in lengths
+    }
     ref_patterns = [] if list(refs) == ["none"] else list(refs)
     all_refs = list_references()
     for pat in ref_patterns:
@@ -628,10 +680,11 @@ def run_bench(
             known = sorted({r.name for r in all_refs})
             raise ValueError(f"no registered reference matches {pat!r}; registered: {known}")
     set_items = list(overrides)
-    for name in names:  # parse errors (unknown keys, bad values) before anything runs
-        get_config(name, **bench_overrides(name, set_items, 1))
+    for rows in rows_at.values():  # parse errors (unknown keys, bad values) before anything runs
+        for row in rows:
+            get_config(row.name, **bench_overrides(row.name, [*set_items, *row.overrides], 1))
 
-    cells = _plan(names, lengths, src_lens, parts, ref_patterns, refs_only, set_items, steps)
+    cells = _plan(rows_at, src_lens, parts, ref_patterns, refs_only, set_items, steps)
     if not cells:
         raise ValueError("nothing to run: no model rows (refs_only) and no matching references")
     out_dir = Path(out)
@@ -654,9 +707,13 @@ def run_bench(
     )  # fmt: skip
     runs = {
         "training": (
-            DEFAULT_REPEATS if repeats is None else repeats,
-            DEFAULT_WARMUP if warmup is None else warmup,
-        ),
+            repeats
+            if repeats is not None
+            else (DEFAULT_SET_REPEATS if default_set else DEFAULT_REPEATS),
+            warmup
+            if warmup is not None
+            else (DEFAULT_SET_WARMUP if default_set else DEFAULT_WARMUP),
+        ),  # fmt: skip
         "decoding": (
             DECODING_RUNS if repeats is None else repeats,
             DECODING_WARMUP if warmup is None else warmup,
@@ -705,20 +762,32 @@ def run_bench(
 
 
 def _plan(
-    names, lengths, src_lens, parts, ref_patterns, refs_only, set_items, steps
+    rows_at: dict[int, list[BenchRow]],
+    src_lens,
+    parts,
+    ref_patterns,
+    refs_only,
+    set_items,
+    steps,
 ) -> list[dict[str, Any]]:
+    """The cells: for every part and length, each row (``rows_at[length]``; decoding takes the
+    first length's rows at every source length) and the references that stand beside it."""
     cells = []
+    first = next(iter(rows_at.values()))
     for part in parts:
-        for length in src_lens if part == "decoding" else lengths:
-            for name in names:
+        for length in src_lens if part == "decoding" else rows_at:
+            for row in first if part == "decoding" else rows_at[length]:
+                name, items = row.name, [*set_items, *row.overrides]
                 family = get_spec(name).family
-                config = get_config(name, **bench_overrides(name, set_items, length))
+                config = get_config(name, **bench_overrides(name, items, length))
                 attention = getattr(getattr(config, "attention", None), "name", None)
-                base = dict(name=name, family=family, part=part, seq_len=length, set=set_items)
+                base = dict(name=name, family=family, part=part, seq_len=length, set=items,
+                            target=row.label)  # fmt: skip
                 if part == "decoding":
                     base["steps"] = length if steps is None else steps
                 if not refs_only:
-                    cells.append(dict(base, label=name, reference=None))
+                    cells.append(dict(base, label=row.label, reference=None,
+                                      baseline=row.baseline))  # fmt: skip
                 for ref in references_for(name, family, part, attention):
                     if any(fnmatch.fnmatchcase(ref.name, p) for p in ref_patterns):
                         cells.append(dict(base, label=ref.name, reference=ref))
@@ -780,7 +849,8 @@ def _measure(c, common, env, limit, limit_why, meta_cache, timeout) -> dict[str,
     rec = _blank_record(
         name=c["label"],
         kind="model" if ref is None else "reference",
-        target=name,
+        target=c.get("target", name),
+        model=name,
         family=c["family"],
         part=part,
         seq_len=length,
@@ -792,7 +862,7 @@ def _measure(c, common, env, limit, limit_why, meta_cache, timeout) -> dict[str,
         reason=None,
         params=None,
         est_mib=None,
-        baseline=bool(ref is not None and ref.baseline),
+        baseline=bool(ref.baseline if ref is not None else c.get("baseline", False)),
         set=list(c["set"]),
         overrides=_jsonable(overrides),
         repeats=common["repeats"],

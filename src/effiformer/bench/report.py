@@ -13,7 +13,14 @@ from .references import list_references, missing_requirements
 #: A cell whose timing samples spread more than this ((max - min) / median) is flagged noisy.
 NOISY_SPREAD = 0.2
 
-__all__ = ["row_labels", "baselines", "format_table", "format_references", "plot_results"]
+__all__ = [
+    "row_labels",
+    "baselines",
+    "format_table",
+    "format_references",
+    "format_summary",
+    "plot_results",
+]
 
 Record = dict[str, Any]
 
@@ -31,10 +38,14 @@ def row_labels(records: Sequence[Record]) -> list[str]:
 
 def baselines(records: Sequence[Record]) -> list[int | None]:
     """Index of each record's baseline: within the same part, length, batch and target, the row
-    of a baseline reference (``sdpa``) when it ran, else the first row that ran."""
+    of a baseline reference (``sdpa``) when it ran, else the first row that ran. When a model
+    row is itself the baseline (the default set's ``dense``), the groups span every target: the
+    mechanisms are compared with that row."""
+    across = any(r.get("baseline") and r.get("kind") == "model" for r in records)
     groups: dict[tuple, list[int]] = {}
     for i, r in enumerate(records):
-        groups.setdefault((r["part"], r["seq_len"], r["batch"], r["target"]), []).append(i)
+        key = (r["part"], r["seq_len"], r["batch"]) + (() if across else (r["target"],))
+        groups.setdefault(key, []).append(i)
     out: list[int | None] = [None] * len(records)
     for idx in groups.values():
         ok = [i for i in idx if records[i]["status"] == "ok"]
@@ -157,9 +168,22 @@ def format_table(records: Sequence[Record]) -> str:
                 _note(r),
             ])  # fmt: skip
         out += _align(rows, set(range(2, 14 if madds else 13)))
+        across = next(
+            (
+                records[i]["name"]
+                for i in training
+                if records[i].get("baseline") and records[i].get("kind") == "model"
+            ),
+            None,
+        )
+        what = (
+            f"x: ratio to the {across} row of the same part and length."
+            if across
+            else "x: ratio to the baseline of the same part, length and model (sdpa when it ran, "
+            "else the first row)."
+        )
         out.append(
-            "x: ratio to the baseline of the same part, length and model (sdpa when it ran, else "
-            "the first row).\nMFU: fwd+bwd FLOPs / time / the machine's peak (the fastest square "
+            what + "\nMFU: fwd+bwd FLOPs / time / the machine's peak (the fastest square "
             "matmul measured at the start, or the fastest cell when one beat it); a causal SDPA "
             "call is counted as the (query, key) pairs it computes (about half of T x T)."
         )
@@ -248,3 +272,51 @@ def plot_results(records: Sequence[Record], path: str | os.PathLike) -> bool:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def format_summary(records: Sequence[Record], baseline: str = "dense") -> str:
+    """A few lines a newcomer can read: for each part and length where a model row is labelled
+    ``baseline``, the fastest row (forward+backward time, else forward), the one needing least
+    memory, and every row's time and memory as a ratio to the baseline's. Empty when no group has
+    the baseline row."""
+    groups: dict[tuple, list[Record]] = {}
+    for r in records:
+        if r.get("kind") == "model" and r.get("status") == "ok":
+            groups.setdefault((r["part"], r["seq_len"]), []).append(r)
+    lines: list[str] = []
+    for (part, length), rows in groups.items():
+        base = next((r for r in rows if r["name"] == baseline), None)
+        if base is None or len(rows) < 2:
+            continue
+        key = "fwd_bwd_ms" if base.get("fwd_bwd_ms") is not None else "fwd_ms"
+        timed = [r for r in rows if r.get(key) is not None]
+        what = "forward+backward" if key == "fwd_bwd_ms" else "forward"
+        scope = "one attention layer" if part == "attention" else "the whole model"
+        lines.append(f"{scope} at {length:,} tokens ({what}):")
+        if timed and base.get(key):
+            fast = min(timed, key=lambda r: r[key])
+            lines.append(
+                f"  fastest: {fast['name']} ({fast[key]:.1f} ms, "
+                f"{fast[key] / base[key]:.2f}x {baseline})"
+            )
+        mem = [r for r in rows if r.get("peak_mib") is not None]
+        if mem and base.get("peak_mib"):
+            small = min(mem, key=lambda r: r["peak_mib"])
+            lines.append(
+                f"  least memory: {small['name']} ({small['peak_mib']:.0f} MiB, "
+                f"{small['peak_mib'] / base['peak_mib']:.2f}x {baseline})"
+            )
+        ratios = []
+        for r in rows:
+            if r is base:
+                continue
+            t = f"{r[key] / base[key]:.2f}x time" if r.get(key) and base.get(key) else "time ?"
+            m = (
+                f"{r['peak_mib'] / base['peak_mib']:.2f}x memory"
+                if r.get("peak_mib") and base.get("peak_mib")
+                else "memory ?"
+            )
+            ratios.append(f"{r['name']} {t}, {m}")
+        if ratios:
+            lines.append(f"  against {baseline}: " + "; ".join(ratios))
+    return "\n".join(lines)

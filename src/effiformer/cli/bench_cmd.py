@@ -15,8 +15,10 @@ from ..bench import (
     DECODING_RUNS,
     DECODING_WARMUP,
     DEFAULT_LENGTHS,
+    DEFAULT_MECHANISMS,
     DEFAULT_NAMES,
     DEFAULT_REPEATS,
+    DEFAULT_SET_LENGTHS,
     DEFAULT_WARMUP,
     DTYPES,
     MEMORY_METHODS,
@@ -24,6 +26,7 @@ from ..bench import (
     TRAINING_PARTS,
     BenchInterrupted,
     format_references,
+    format_summary,
     load_plugin,
     run_bench,
 )
@@ -62,13 +65,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "names", nargs="*", metavar="NAME",
-        help="registered names or globs (default set: "
-        f"{' '.join(DEFAULT_NAMES)}, --part both, the default lengths, --refs sdpa; "
-        f"{DEFAULT_SET_TIME})",
+        help="registered names or globs (default set: the attention mechanisms "
+        f"{', '.join(DEFAULT_MECHANISMS)} side by side in {DEFAULT_NAMES[0]}, one layer and "
+        f"the whole model, at {', '.join(map(str, DEFAULT_SET_LENGTHS))} tokens, then a "
+        f"seconds-long quality smoke; {DEFAULT_SET_TIME})",
     )  # fmt: skip
     p.add_argument(
         "--lengths", nargs="+", type=positive_int, default=None, metavar="T",
-        help=f"sequence lengths (default: {' '.join(map(str, DEFAULT_LENGTHS))})",
+        help=f"sequence lengths (default: {' '.join(map(str, DEFAULT_LENGTHS))}; the default "
+        f"set: {' '.join(map(str, DEFAULT_SET_LENGTHS))})",
     )  # fmt: skip
     p.add_argument("--batch", type=positive_int, default=1, help="batch size (default: 1)")
     p.add_argument(
@@ -304,7 +309,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = run_bench(
             args.names,
-            lengths=DEFAULT_LENGTHS if args.lengths is None else args.lengths,
+            lengths=(
+                args.lengths
+                if args.lengths is not None
+                else (DEFAULT_LENGTHS if args.names else DEFAULT_SET_LENGTHS)
+            ),
             batch=args.batch,
             parts=parts,
             overrides=args.overrides,
@@ -345,6 +354,10 @@ def run(args: argparse.Namespace) -> int:
     head += f", git {env['git_sha']}"
     print(head)
     print(result.table)
+    summary = format_summary(result.records)
+    if summary:
+        print("\nsummary (time and memory against dense attention in the same model):")
+        print(summary)
     n_skipped = sum(r["status"] != "ok" for r in result.records)
     n_noisy = sum(bool(r.get("noisy")) for r in result.records)
     print(
@@ -365,4 +378,32 @@ def run(args: argparse.Namespace) -> int:
             f"{100 * NOISY_SPREAD:.0f}%): something else was probably running; their times are "
             "not to be trusted (rerun on a quiet machine, or with --threads 1)"
         )
+    if not args.names and args.part is None:
+        return _quality_smoke(args)
     return 0
+
+
+def _quality_smoke(args: argparse.Namespace) -> int:
+    """The default set's second half: the quality suite's smoke budget on MQAR for the same
+    mechanisms (seconds: it proves each mechanism trains and is scored, not what it learns)."""
+    from ..bench.quality import QualityInterrupted, run_quality
+
+    out = Path(args.out) / "quality-smoke"
+    print(f"\nquality smoke: MQAR at 64 tokens, 6 steps per mechanism ({out})")
+    try:
+        records = run_quality(
+            ["mqar"], list(DEFAULT_MECHANISMS), budget="smoke", out=out, force=args.force,
+            plot=False, progress=not args.no_progress,
+        )  # fmt: skip
+    except QualityInterrupted as e:
+        print(f"effiformer bench: the quality smoke was interrupted after {e.done} of "
+              f"{e.total} cells", file=sys.stderr)  # fmt: skip
+        return 130
+    ok = [r for r in records if r.get("status") == "ok"]
+    print("  " + "; ".join(f"{r['mechanism']} {100 * r['valid']:.1f}%" for r in ok))
+    print(
+        f"  {len(ok)} of {len(records)} mechanisms trained and were scored. Six steps learn "
+        "nothing: what each mechanism learns at a budget that means something is the CPU table "
+        "of docs/quality.md (effiformer bench --part quality --budget cpu)."
+    )
+    return 0 if len(ok) == len(records) else 1
