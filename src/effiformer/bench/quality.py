@@ -202,9 +202,15 @@ class TaskBudget:
     #: stop a cell once its validation metric reaches this (None: always train ``steps``);
     #: the record keeps the step it stopped at (``steps_done``)
     target: float | None = None
+    #: steps at particular lengths instead of ``steps`` (longer sequences that need more)
+    length_steps: dict[int, int] = field(default_factory=dict)
 
     def batch(self, length: int) -> int:
         return max(self.min_batch, self.tokens // length)
+
+    def steps_at(self, length: int) -> int:
+        """Optimizer steps of a cell at ``length``."""
+        return self.length_steps.get(length, self.steps)
 
 
 @dataclass(frozen=True)
@@ -249,7 +255,7 @@ BUDGETS: dict[str, QualityBudget] = {
         tasks={
             "mqar": TaskBudget((64, 256, 1024), 8000, 2048, 3, _LRS, 500, min_batch=2,
                                options={"eval_sequences": 256, "train_min_len": 64},
-                               target=0.995),
+                               target=0.995, length_steps={1024: 16000}),
             "duplication": TaskBudget((256,), 2000, 2048, 3, _LRS, 500, min_batch=2,
                                       options={"vocab_size": 64}),
             "listops": TaskBudget((128,), 1500, 4096, 2, _LRS, 500, min_batch=8),
@@ -606,10 +612,10 @@ def _make_cell(
         "length": length,
         "seed": seed,
         "lr": lr,
-        "steps": steps or tb.steps,
+        "steps": steps or tb.steps_at(length),
         "batch": tb.batch(length),
         "warmup": tb.warmup,
-        "eval_every": min(tb.eval_every, steps or tb.steps),
+        "eval_every": min(tb.eval_every, steps or tb.steps_at(length)),
         "target": tb.target,
         "task_options": dict(tb.options),
         "model": model,
