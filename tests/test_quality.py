@@ -125,8 +125,12 @@ def test_cli_smoke_prints_the_table(tmp_path, capsys):
         ),
         (["--tasks", "duplication", "--lengths", "63"], "duplication needs an even length"),
         (
+            ["--tasks", "mqar", "--attention", "dense", "--lengths", "4096"],
+            "dense cannot run mqar at length 4096: 128 key-value pairs need 128 distinct keys",
+        ),
+        (
             ["--tasks", "mqar", "--attention", "dense", "--lengths", "4000"],
-            "dense cannot run mqar at length 4000: 250 key-value pairs need",
+            "dense cannot run mqar at length 4000: train_min_len=64 must be seq_len=4000 divided",
         ),
         (
             ["--tasks", "lm-ptb", "--budget", "smoke", "--data", "/nonexistent"],
