@@ -33,7 +33,7 @@ from ..bench import (
 from .common import nonneg_int, positive_float, positive_int
 
 #: Measured wall time of the default set (``effiformer bench``), see benchmarks/README.md.
-DEFAULT_SET_TIME = "about 90 s on 2 idle CPU cores"
+DEFAULT_SET_TIME = "about 2.5 min on 2 idle CPU cores"
 
 EPILOG = f"""examples:
   effiformer bench                      # the default set: {DEFAULT_SET_TIME}
