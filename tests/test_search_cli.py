@@ -60,7 +60,8 @@ def test_hat_end_to_end_from_the_command_line(tmp_path, capsys, monkeypatch):
     assert main(["search", "predictor", lat, "--steps", "30", "--lr", "1e-3", "--out", pred,
                  "--plot", str(tmp_path / "p.png")]) == 0  # fmt: skip
     rec = _json(capsys)
-    assert set(rec["test"]) == {"mlp", "features_linear", "macs_linear", "decoding_macs_linear"}
+    assert set(rec["test"]) == {"mlp", "features_linear", "macs_linear", "decoding_macs_linear",
+                                "features_macs_linear", "features_decoding_macs_linear"}  # fmt: skip
     assert (tmp_path / "p.png").is_file()
     out = tmp_path / "evo.json"
     args = ["search", "evolve", str(tmp_path / "super"), "--predictor", pred, "--latency-ms",

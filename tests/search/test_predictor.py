@@ -57,12 +57,17 @@ def test_training_learns_a_nonlinear_latency_and_round_trips(tmp_path):
     x = rng.uniform(1, 10, size=(400, 4))
     y = 5 + x[:, 0] * x[:, 1] + 3 * x[:, 2]  # a product: no linear fit captures it
     rep = compare_predictors(
-        x, y, {"sum": x.sum(1)}, feature_norm=(10, 10, 10, 10), lat_norm=100.0, steps=400,
-        lr=3e-3, batch=64, hidden=64,
+        x, y, {"sum": x.sum(1), "prod": x[:, 0] * x[:, 1]}, feature_norm=(10, 10, 10, 10),
+        lat_norm=100.0, steps=400, lr=3e-3, batch=64, hidden=64,
     )  # fmt: skip
     assert rep.sizes == (320, 40, 40)
     assert rep.results["mlp"]["rmse"] < 0.5 * rep.results["features_linear"]["rmse"]
-    assert set(rep.results) == {"mlp", "features_linear", "sum_linear"}
+    assert set(rep.results) == {"mlp", "features_linear", "sum_linear", "features_sum_linear",
+                                "prod_linear", "features_prod_linear"}  # fmt: skip
+    # the features plus the right proxy as an eleventh column fit the product exactly (issue 23:
+    # the features plus the decoder's Mult-Adds as a baseline)
+    assert rep.results["features_prod_linear"]["rmse"] < 1e-6
+    assert rep.results["prod_linear"]["rmse"] > 1.0  # the proxy alone misses 3 x2
     path = save_predictor(rep.mlp, tmp_path / "p.pt", device="synthetic")
     loaded, meta = load_predictor(path)
     assert meta == {"device": "synthetic"}

@@ -180,7 +180,9 @@ def _predictor(args: argparse.Namespace) -> dict:
         steps=args.steps, batch=args.batch, lr=args.lr, seed=args.seed,
     )  # fmt: skip
     if args.plot:
-        base = {k: v for k, v in (report.baseline_pred or {}).items() if k != "features_linear"}
+        base = {
+            k: v for k, v in (report.baseline_pred or {}).items() if not k.startswith("features")
+        }
         record["plot"] = str(
             plot_predicted_vs_measured(
                 report.test_true, report.test_pred, args.plot,

@@ -255,10 +255,12 @@ def compare_predictors(
     hidden_layers: int = 3,
     feature_names: Sequence[str] | None = None,
 ) -> PredictorReport:
-    """The MLP, a linear fit on the features and a linear fit on each of ``proxies`` (name ->
-    one value per row, e.g. ``{"macs": ..., "decoding_macs": ...}``: results
-    ``"macs_linear"``, ...), all trained on the same seeded 8:1:1 split's training rows;
-    errors on its test rows."""
+    """The MLP, a linear fit on the features, a linear fit on each of ``proxies`` (name -> one
+    value per row, e.g. ``{"macs": ..., "decoding_macs": ...}``: results ``"macs_linear"``,
+    ...) and a linear fit on the features with each proxy as an eleventh column (results
+    ``"features_macs_linear"``, ...: a linear model that also sees the work, which the
+    features reach only through products such as layers x width), all trained on the same
+    seeded 8:1:1 split's training rows; errors on its test rows."""
     features = np.asarray(features, dtype=np.float64)
     y = np.asarray(latency_ms, dtype=np.float64)
     tr, va, te = split_indices(len(y), seed)
@@ -284,6 +286,8 @@ def compare_predictors(
         if v.shape != y.shape:
             raise ValueError(f"proxy {name!r} needs one value per row ({len(y)}), got {v.shape}")
         base[f"{name}_linear"] = LinearFit.fit(v[tr], y[tr]).predict(v[te])
+        both = np.concatenate([features, v[:, None]], axis=1)
+        base[f"features_{name}_linear"] = LinearFit.fit(both[tr], y[tr]).predict(both[te])
     results = {"mlp": errors(pred, y[te])}
     results.update({k: errors(b, y[te]) for k, b in base.items()})
     return PredictorReport(
