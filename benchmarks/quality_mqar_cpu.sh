@@ -3,8 +3,8 @@
 # 1,024 tokens train on the length ladder from 64: Zoology's several-configuration training;
 # up to 8,000 steps, 16,000 at 1,024), one seed. Dense first, with the budget's learning-rate
 # sweep (1e-3, 3e-3, 1e-2) at 64 tokens: the table means nothing unless dense solves every
-# length. Then the other mechanisms at dense's rate, 1e-3, longest length first (where the
-# mechanisms differ), then their own sweeps at 64.
+# length. Then the other mechanisms at dense's rate, 1e-3: at 256 first (dense solves it there
+# and the pairs lie beyond the local window), then at 1,024, then their own sweeps at 64.
 # Resumable: rerun the same script to continue where it stopped (finished cells are skipped).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +12,6 @@ OUT=benchmarks/results/quality_cpu_mqar
 common=(--part quality --budget cpu --tasks mqar --seeds 1 --out "$OUT" --no-progress)
 others=(local sparse-strided sparse-fixed routing lsh lsra relative-xl adaptive-span)
 effiformer bench "${common[@]}" --attention dense
-effiformer bench "${common[@]}" --attention "${others[@]}" --lr 1e-3 --lengths 1024
 effiformer bench "${common[@]}" --attention "${others[@]}" --lr 1e-3 --lengths 256
+effiformer bench "${common[@]}" --attention "${others[@]}" --lr 1e-3 --lengths 1024
 effiformer bench "${common[@]}" --attention "${others[@]}"
