@@ -68,3 +68,20 @@ def test_adaptive_span_models_take_the_papers_recipe_and_the_trainer_builds_it()
     assert all(g["clip"] == 0.03 for g in opt.param_groups)
     # the xl family itself keeps Transformer-XL's recipe
     assert recipe_for("xl-tiny", "xl").name == "xl"
+
+
+def test_each_adaptive_span_size_takes_its_own_scripts_recipe():
+    """Issue 23: the official small, base and large scripts differ (warmup 8,000 and 150,000
+    steps; 32,000 and 600,000; 32,000 and 150,000 then 20,000 at lr 0.007)."""
+    from effiformer.recipes import ADAPTIVE_SPAN_LARGE_RECIPE, ADAPTIVE_SPAN_SMALL_RECIPE
+
+    small, base = recipe_for("adaptive-span-small", "xl"), recipe_for("adaptive-span-base", "xl")
+    large = recipe_for("adaptive-span-large", "xl")
+    assert small is ADAPTIVE_SPAN_SMALL_RECIPE and large is ADAPTIVE_SPAN_LARGE_RECIPE
+    assert base is ADAPTIVE_SPAN_RECIPE
+    assert [(r.warmup, r.steps) for r in (small, base, large)] == [
+        (8_000, 150_000), (32_000, 600_000), (32_000, 150_000)
+    ]  # fmt: skip
+    for r in (small, base, large):  # the optimiser is the same in every script
+        assert (r.optimizer, r.lr, r.clip, r.schedule) == ("adagrad-clip", 0.07, 0.03, "constant")
+    assert "--lr 0.007 --steps 170000" in large.notes

@@ -27,6 +27,7 @@ register their recipes when :mod:`effiformer.models` is imported (``create_model
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import math
 from collections.abc import Mapping
@@ -37,6 +38,8 @@ from .config import ConfigError
 
 __all__ = [
     "ADAPTIVE_SPAN_RECIPE",
+    "ADAPTIVE_SPAN_LARGE_RECIPE",
+    "ADAPTIVE_SPAN_SMALL_RECIPE",
     "COMPRESSIVE_RECIPE",
     "FUNNEL_RECIPE",
     "LITE_IWSLT_RECIPE",
@@ -275,15 +278,17 @@ SPARSE_RECIPE = TrainRecipe(
 )
 
 #: Adaptive Attention Span (Sukhbaatar et al. 2019, arXiv 1905.07799; official
-#: ``experiments/enwik8_small.sh`` / ``enwik8.sh``): Adagrad at lr 0.07 with the per-parameter
-#: step clip 0.03 (``--optim adagrad --grad-clip 0.03``, :class:`effiformer.optim.AdagradParamClip`),
-#: a linear warmup over 32,000 steps and then a constant lr (``--lr-warmup 32000``), no weight
-#: decay, 600,000 steps (``--niter 600 --nbatches 1000``). The span penalty (``--adapt-span-loss``)
-#: is the attention config's ``penalty``. Registered for the ``adaptive-span-*`` model names (their
-#: family is ``xl``, whose own recipe stays Transformer-XL's).
+#: ``experiments/enwik8.sh`` and ``text8.sh``, the base model): Adagrad at lr 0.07 with the
+#: per-parameter step clip 0.03 (``--optim adagrad --grad-clip 0.03``,
+#: :class:`effiformer.optim.AdagradParamClip`), a linear warmup over 32,000 steps and then a
+#: constant lr (``--lr-warmup 32000``), no weight decay, 600,000 steps (``--niter 600 --nbatches
+#: 1000``; text8's script runs 900,000). The span penalty (``--adapt-span-loss``) is the attention
+#: config's ``penalty``. Registered for ``adaptive-span-base`` and the other ``adaptive-span-*``
+#: names without a recipe of their own (their family is ``xl``, whose own recipe stays
+#: Transformer-XL's); the small and large scripts differ (below).
 ADAPTIVE_SPAN_RECIPE = TrainRecipe(
     name="adaptive-span",
-    source="Sukhbaatar et al. 2019, experiments/enwik8*.sh",
+    source="Sukhbaatar et al. 2019, experiments/enwik8.sh",
     optimizer="adagrad-clip",
     lr=0.07,
     eps=1e-10,
@@ -292,6 +297,31 @@ ADAPTIVE_SPAN_RECIPE = TrainRecipe(
     schedule="constant",
     clip=0.03,
     steps=600_000,
+    notes="text8.sh: 900,000 steps",
+)
+
+#: ``experiments/enwik8_small.sh``: the base recipe with an 8,000-step warmup (``--lr-warmup
+#: 8000``) and 150,000 steps (``--niter 150``).
+ADAPTIVE_SPAN_SMALL_RECIPE = dataclasses.replace(
+    ADAPTIVE_SPAN_RECIPE,
+    name="adaptive-span-small",
+    source="Sukhbaatar et al. 2019, experiments/enwik8_small.sh",
+    warmup=8_000,
+    steps=150_000,
+    notes="",
+)
+
+#: ``experiments/enwik8_large.sh``: the base recipe for 150,000 steps (``--niter 150``), then a
+#: second run of 20,000 steps at a 10x smaller lr (``--lr 0.007 --niter 170``), which the trainer
+#: takes as a resume: ``effiformer train --resume RUN --lr 0.007 --steps 170000``
+#: (``text8_large.sh``: 250,000 then 270,000).
+ADAPTIVE_SPAN_LARGE_RECIPE = dataclasses.replace(
+    ADAPTIVE_SPAN_RECIPE,
+    name="adaptive-span-large",
+    source="Sukhbaatar et al. 2019, experiments/enwik8_large.sh",
+    steps=150_000,
+    notes="then --resume RUN --lr 0.007 --steps 170000 (the script's fine-tuning); text8_large.sh: "
+    "250,000 then 270,000",
 )
 
 #: Lite Transformer, WMT'14 En-De (Wu et al. 2020, arXiv 2004.11886; official

@@ -87,7 +87,14 @@ from ..attention.relative_xl import RelativeXLConfig
 from ..config import ConfigError, ModelConfig, replace_config
 from ..layers import FeedForward, FIFOMemory, LayerStack, TransformerBlock, prefix_keys
 from ..layers.adaptive import AdaptiveInput, AdaptiveLogSoftmax, check_cutoffs
-from ..recipes import ADAPTIVE_SPAN_RECIPE, XL_RECIPE, register_model_recipe, register_recipe
+from ..recipes import (
+    ADAPTIVE_SPAN_LARGE_RECIPE,
+    ADAPTIVE_SPAN_RECIPE,
+    ADAPTIVE_SPAN_SMALL_RECIPE,
+    XL_RECIPE,
+    register_model_recipe,
+    register_recipe,
+)
 from ..registry import build_model, register_family, register_model
 from .base import IGNORE_INDEX, EffiModel, ModelOutput, lm_loss
 
@@ -393,6 +400,8 @@ def reconfigure(model: TransformerXL, **overrides: Any) -> TransformerXL:
 register_family(XLConfig, build_xl)
 register_recipe("xl", XL_RECIPE)
 register_model_recipe("adaptive-span-*", ADAPTIVE_SPAN_RECIPE)
+register_model_recipe("adaptive-span-small", ADAPTIVE_SPAN_SMALL_RECIPE)
+register_model_recipe("adaptive-span-large", ADAPTIVE_SPAN_LARGE_RECIPE)
 
 _WT103 = {"vocab_size": 267735, "adaptive": True, "cutoffs": (20000, 40000, 200000)}
 
