@@ -537,7 +537,9 @@ def test_named_configurations_follow_the_released_hyperparameters():
     )  # fmt: skip
     assert (a.decay, a.commitment, a.share_qk, a.qk_norm) == (0.999, 1e-4, None, "layernorm")
     w = get_config("routing-wikitext103")
-    assert (w.n_layers, w.dim, w.embed_dim, w.n_heads, w.dropout) == (14, 1024, 256, 16, 0.4)
+    assert (w.n_layers, w.dim, w.embed_dim, w.n_heads) == (14, 1024, 256, 16)
+    # basic_params1's sublayer dropout 0.1; the config's attention and FFN dropouts 0.4
+    assert (w.dropout, w.attn_dropout, w.ffn_dropout) == (0.1, 0.4, 0.4)
     assert (w.attention.routing_heads, w.attention.clusters, w.attention.cluster_window) == (
         8, 8, 512
     )  # fmt: skip

@@ -5,15 +5,25 @@ own is needed (the attention field carries the head mix, ``skip_first``, cluster
 
 Sources: the released hyper-parameters (google-research ``routing_transformer/sparse_transformer.py``,
 ``enwik8_local_cluster8k``, ``wikitext103_local_cluster4k``, ``pg19_local_cluster8k``) and the
-paper's tables. Shared by all three: pre-LN, no dropout on enwik8/PG-19, shared QK in the
-routing heads, local blocks of 256 (``query_shape`` = ``memory_flange`` = 256), decay 0.999,
+paper's tables. Shared by all three, as released: post-LN (tensor2tensor's ``basic_params1``:
+``layer_postprocess_sequence="dan"``, dropout then residual add then LayerNorm, nothing before a
+sublayer and no final norm) with dropout 0.1 on every sublayer's output and on the decoder input
+(``layer_prepostprocess_dropout``); a GEGLU feed-forward without biases, its GELU the tanh
+approximation (``ffn_layer="geglu"``, ``activation="geglu_tanh"``, ``ffn_bias=False``); the
+attention and FFN dropouts of each config (``attention_dropout``, ``relu_dropout``); shared QK in
+the routing heads, local blocks of 256 (``query_shape`` = ``memory_flange`` = 256), decay 0.999,
 commitment 1e-4, clusters x window fixed as released.
 
 Deviations of these configs from the released models (what the vanilla family does not have):
 
 - positions: learned absolute positions; the official models use none (``add_timing_signal``
-  False) and relative-position embeddings in both head types (``max_relative_position`` 513);
-- feed-forward: GELU of ``ffn_dim`` units; the official FFN is GEGLU (``filter_size`` units);
+  False) and relative-position embeddings in both head types (``max_relative_position`` 513:
+  the distance in the local heads, the rank inside the sorted window in the routing heads);
+- input: the official model passes the token embeddings through a dense layer (``emb_dense``)
+  even when ``embedding_dims`` equals the width, and WikiText-103 drops whole target tokens
+  (``target_dropout`` 0.25: the token replaced by id 0) and its embeddings (``dropout`` 0.4,
+  before ``emb_dense``); here the embedding is used as is and only the 0.1 input dropout applies;
+- LayerNorm epsilon 1e-5 (tensor2tensor's ``norm_epsilon`` is 1e-6);
 - embeddings: tied input/output embeddings (WikiText-103: factorised, ``embed_dim`` 256 with a
   dense layer up to ``dim`` and one back down, as the official ``embedding_dims``; the official
   output layer after that is a separate dense layer, not tied);
@@ -37,6 +47,9 @@ from .transformer import VanillaConfig
 
 __all__: list[str] = []
 
+#: what every released configuration shares (see the module docstring)
+_RELEASED = dict(norm_first=False, activation="geglu_tanh", ffn_bias=False)
+
 register_model(
     "routing-tiny",
     VanillaConfig(
@@ -58,27 +71,28 @@ register_model(
     "routing-enwik8",
     VanillaConfig(
         vocab_size=256, dim=1024, n_heads=8, n_layers=12, ffn_dim=3072, seq_len=8192,
-        dropout=0.0, attn_dropout=0.0,
+        dropout=0.1, attn_dropout=0.0, ffn_dropout=0.0, **_RELEASED,
         attention=RoutingConfig(routing_heads=4, window=256, clusters=16, cluster_window=512),
     ),
-    "enwik8_local_cluster8k: 12L d1024, 4 local + 4 routing heads, 16 clusters x 512, "
-    "blocks of 256, 8k context, no dropout (paper: 0.99 bpc)",
+    "enwik8_local_cluster8k: 12L d1024 post-LN, GEGLU 3072, 4 local + 4 routing heads, 16 "
+    "clusters x 512, blocks of 256, 8k context, sublayer dropout 0.1 (paper: 0.99 bpc)",
 )  # fmt: skip
 register_model(
     "routing-wikitext103",
     VanillaConfig(
         vocab_size=267735, dim=1024, embed_dim=256, n_heads=16, n_layers=14, ffn_dim=3072,
-        seq_len=4096, dropout=0.4, attn_dropout=0.4,
+        seq_len=4096, dropout=0.1, attn_dropout=0.4, ffn_dropout=0.4, **_RELEASED,
         attention=RoutingConfig(routing_heads=8, window=256, clusters=8, cluster_window=512),
     ),
-    "wikitext103_local_cluster4k: 14L d1024 (embeddings 256), 8 local + 8 routing heads, "
-    "8 clusters x 512, blocks of 256, 4k context, dropout 0.4 (paper: 15.8 ppl)",
+    "wikitext103_local_cluster4k: 14L d1024 (embeddings 256) post-LN, GEGLU 3072, 8 local + 8 "
+    "routing heads, 8 clusters x 512, blocks of 256, 4k context, attention and FFN dropout 0.4 "
+    "(paper: 15.8 ppl)",
 )  # fmt: skip
 register_model(
     "routing-pg19",
     VanillaConfig(
         vocab_size=32768, dim=1032, n_heads=8, n_layers=22, ffn_dim=4096, seq_len=8192,
-        dropout=0.0, attn_dropout=0.0,
+        dropout=0.1, attn_dropout=0.0, ffn_dropout=0.0, **_RELEASED,
         attention=RoutingConfig(
             routing_heads=2, skip_first=21, window=256, clusters=16, cluster_window=512
         ),

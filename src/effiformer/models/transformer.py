@@ -43,7 +43,7 @@ from ..attention.registry import build_attention
 from ..attention.sparse import SparseConfig
 from ..config import ConfigError, ModelConfig
 from ..layers import FeedForward, LayerStack, TransformerBlock, build_positions, prefix_keys
-from ..layers.ffn import ACTIVATIONS
+from ..layers.ffn import ACTIVATIONS, GATED_ACTIVATIONS
 from ..recipes import SPARSE_RECIPE, VANILLA_RECIPE, register_model_recipe, register_recipe
 from ..registry import register_family, register_model
 from .base import EffiModel, ModelOutput, lm_loss, scored_lm_loss
@@ -62,7 +62,8 @@ class VanillaConfig(ModelConfig):
     (default: ``dropout``); ``embed_dim``: factorised token embeddings of this width (``None``:
     ``dim``), projected up to ``dim`` after the lookup and back down before the (tied) output
     layer, as the Routing Transformer's WikiText-103 model (``embedding_dims`` 256 under
-    ``hidden_size`` 1024)."""
+    ``hidden_size`` 1024); ``activation`` also takes the gated ``geglu`` / ``geglu_tanh``
+    (:mod:`effiformer.layers.ffn`); ``ffn_bias``: biases in the FFN's linear layers."""
 
     family = "vanilla"
 
@@ -76,13 +77,14 @@ class VanillaConfig(ModelConfig):
     init: str = "gpt2"
     ffn_dropout: float | None = None
     embed_dim: int | None = None
+    ffn_bias: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.embed_dim is not None:
             self._check_positive("embed_dim")
         self._check_choice("positions", ("sinusoidal", "learned", "factorized"))
-        self._check_choice("activation", tuple(ACTIVATIONS))
+        self._check_choice("activation", (*ACTIVATIONS, *GATED_ACTIVATIONS))
         self._check_choice("init", ("gpt2", "sparse_transformer", "lecun"))
         if self.mem_len != 0:
             raise ValueError("mem_len must be 0 for the dense baseline (it has no memory)")
@@ -142,7 +144,13 @@ class Transformer(EffiModel):
                 TransformerBlock(
                     c.dim,
                     build_attention(c.attention, dims(i)),
-                    FeedForward(c.dim, c.ffn_dim, activation=c.activation, dropout=ffn_dropout),
+                    FeedForward(
+                        c.dim,
+                        c.ffn_dim,
+                        activation=c.activation,
+                        dropout=ffn_dropout,
+                        bias=c.ffn_bias,
+                    ),  # fmt: skip
                     norm_first=c.norm_first,
                     dropout=c.dropout,
                 )
