@@ -137,3 +137,33 @@ def test_sparse_models_train_with_the_sparse_transformer_recipe():
             "adamw", 0.01, 5000, 1.0, "cosine", 0.0
         )  # fmt: skip
     assert recipe_for("vanilla-small", "vanilla").name == "vanilla"
+
+
+def test_released_routing_models_train_with_the_official_adafactor_recipe(tmp_path):
+    """Issue 23: Adafactor (no momentum, RMS-scaled relative steps) whose min(lr, 1/sqrt(step))
+    at lr 0.01 is the official constant*rsqrt_normalized_decay with 10,000 warmup steps;
+    WikiText-103 adds weight decay 2e-5. The trainer builds torch's Adafactor from it."""
+    import math
+
+    import torch
+
+    from effiformer import create_model
+    from effiformer.recipes import recipe_for
+    from effiformer.train import TrainConfig, make_optimizer
+
+    for name in ("routing-enwik8", "routing-pg19", "routing-wikitext103"):
+        r = recipe_for(name, "vanilla")
+        assert (r.optimizer, r.lr, r.warmup, r.schedule, r.clip) == (
+            "adafactor", 0.01, 0, "constant", None
+        )  # fmt: skip
+        assert r.weight_decay == (2e-5 if name == "routing-wikitext103" else 0.0)
+    assert recipe_for("routing-small", "vanilla").name == "vanilla"  # ours: the default
+    official = [0.01 * math.sqrt(10_000 / max(t, 10_000)) for t in (1, 5_000, 10_000, 40_000)]
+    torch_rho = [min(0.01, 1 / math.sqrt(t)) for t in (1, 5_000, 10_000, 40_000)]
+    assert official == pytest.approx(torch_rho)
+    model = create_model("routing-tiny")
+    cfg = TrainConfig(optimizer="adafactor", lr=0.01, weight_decay=2e-5, warmup=0,
+                      schedule="constant", clip=None, steps=2)  # fmt: skip
+    opt = make_optimizer(model, cfg)
+    assert isinstance(opt, torch.optim.Adafactor)
+    assert [g["weight_decay"] for g in opt.param_groups] == [2e-5, 0.0]

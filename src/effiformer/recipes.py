@@ -40,6 +40,8 @@ __all__ = [
     "ADAPTIVE_SPAN_RECIPE",
     "ADAPTIVE_SPAN_LARGE_RECIPE",
     "ADAPTIVE_SPAN_SMALL_RECIPE",
+    "ROUTING_RECIPE",
+    "ROUTING_WT103_RECIPE",
     "COMPRESSIVE_RECIPE",
     "FUNNEL_RECIPE",
     "LITE_IWSLT_RECIPE",
@@ -69,7 +71,7 @@ __all__ = [
 #: Loshchilov & Hutter 2019), ``adam`` (torch's Adam; weight decay is an L2 term), ``adagrad``,
 #: ``adagrad-clip`` (Adaptive Span's Adagrad whose ``clip`` shrinks each parameter tensor's step
 #: by its own gradient norm instead of clipping the global norm: :mod:`effiformer.optim`).
-OPTIMIZERS = ("adamw", "adam", "adagrad", "adagrad-clip")
+OPTIMIZERS = ("adamw", "adam", "adagrad", "adagrad-clip", "adafactor")
 #: Schedules after the linear warmup: ``cosine`` to ``min_lr_ratio``, ``linear`` to
 #: ``min_lr_ratio``, ``constant``, ``inverse_sqrt`` (fairseq's: ``sqrt(warmup / step)``).
 SCHEDULES = ("cosine", "linear", "constant", "inverse_sqrt")
@@ -324,6 +326,39 @@ ADAPTIVE_SPAN_LARGE_RECIPE = dataclasses.replace(
     "250,000 then 270,000",
 )
 
+#: Routing Transformer (Roy et al. 2020; google-research ``routing_transformer``'s
+#: ``sparse_transformer_local`` hparams, shared by the released configurations): Adafactor with
+#: beta1 0 (no momentum), the second-moment decay ``1 - t^-0.8`` (``decay_type="pow"``,
+#: ``memory_exponent`` 0.8), update clipping at 1.0, steps scaled by the parameter's RMS
+#: (``multiply_by_parameter_scale``), lr ``0.01 * rsqrt(max(step, 10000)) / rsqrt(10000)``
+#: (``constant*rsqrt_normalized_decay``, 10,000 warmup steps: flat, then the inverse square
+#: root), no gradient clipping, no weight decay. ``torch.optim.Adafactor`` is that optimizer, and
+#: its relative step ``min(lr, 1/sqrt(step))`` at lr 0.01 is exactly that schedule, so the
+#: trainer's own schedule is constant with no warmup. Registered for ``routing-enwik8`` and
+#: ``routing-pg19``; WikiText-103 adds weight decay 2e-5 (:data:`ROUTING_WT103_RECIPE`; torch's
+#: Adafactor decays decoupled, tensor2tensor adds an L2 term to the loss).
+ROUTING_RECIPE = TrainRecipe(
+    name="routing",
+    source="Roy et al. 2020, routing_transformer/sparse_transformer.py (sparse_transformer_local)",
+    optimizer="adafactor",
+    lr=0.01,
+    weight_decay=0.0,
+    warmup=0,
+    schedule="constant",
+    clip=None,
+    notes="Adafactor's relative step min(0.01, 1/sqrt(step)) is the official "
+    "constant*rsqrt_normalized_decay with 10,000 warmup steps",
+)
+
+#: ``wikitext103_local4k`` (and so ``wikitext103_local_cluster4k``): the routing recipe with
+#: weight decay 2e-5.
+ROUTING_WT103_RECIPE = dataclasses.replace(
+    ROUTING_RECIPE,
+    name="routing-wikitext103",
+    source="Roy et al. 2020, routing_transformer/sparse_transformer.py (wikitext103_local4k)",
+    weight_decay=2e-5,
+)
+
 #: Lite Transformer, WMT'14 En-De (Wu et al. 2020, arXiv 2004.11886; official
 #: ``configs/wmt16.en-de/attention/multibranch_v2/embed{200,408,496}.yml``): Adam (0.9, 0.98)
 #: (fairseq's eps 1e-8), no weight decay, no clipping (``clip-norm 0``); fairseq's ``cosine``
@@ -494,6 +529,7 @@ _OPTIMIZER_NAMES = {
     "adam": "Adam",
     "adagrad": "Adagrad",
     "adagrad-clip": "Adagrad",
+    "adafactor": "Adafactor",
 }
 
 
@@ -505,10 +541,13 @@ def describe_training(
     v = values
     lr = float(v["lr"])
     parts = [f"{_OPTIMIZER_NAMES.get(v['optimizer'], v['optimizer'])} lr {lr:g}"]
-    if not v["optimizer"].startswith("adagrad"):
-        b1, b2 = v["betas"]
-        parts.append(f"betas ({b1:g}, {b2:g})")
-    parts.append(f"eps {float(v['eps']):g}")
+    if v["optimizer"] == "adafactor":
+        parts.append("no momentum, relative step min(lr, 1/sqrt(step)) x RMS(param)")
+    else:
+        if not v["optimizer"].startswith("adagrad"):
+            b1, b2 = v["betas"]
+            parts.append(f"betas ({b1:g}, {b2:g})")
+        parts.append(f"eps {float(v['eps']):g}")
     floor = lr * float(v["min_lr_ratio"])
     if v["schedule"] in ("cosine", "linear"):
         parts.append(f"{v['schedule']} to {floor:.3g}")

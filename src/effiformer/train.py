@@ -533,6 +533,8 @@ def make_optimizer(module: nn.Module, config: TrainConfig) -> torch.optim.Optimi
         return torch.optim.Adam(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps)
     if config.optimizer == "adagrad-clip":
         return AdagradParamClip(groups, lr=config.lr, eps=config.eps, clip=config.clip)
+    if config.optimizer == "adafactor":  # its own eps pair (None, 1e-3); no betas, no momentum
+        return torch.optim.Adafactor(groups, lr=config.lr)
     return torch.optim.Adagrad(groups, lr=config.lr, eps=config.eps)
 
 

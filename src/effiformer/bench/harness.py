@@ -374,7 +374,7 @@ def default_rows(length: int) -> list[BenchRow]:
     ``DEFAULT_NAMES[0]``, with the attention settings the quality suite gives it for language
     modelling at that length (local window T/8, sparse stride ~sqrt(T), LSH chunks of 64 with 2
     hashes, sqrt(T) routing clusters, adaptive spans up to T)."""
-    from .quality import mechanism_settings
+    from .mechanisms import mechanism_settings
 
     rows = []
     for m in DEFAULT_MECHANISMS:

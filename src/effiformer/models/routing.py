@@ -30,8 +30,9 @@ Deviations of these configs from the released models (what the vanilla family do
 - vocabularies: WikiText-103 the word-level 267,735 tokens (Transformer-XL's; the official T2T
   problem ``LanguagemodelWikitext103L4k``); PG-19 the T2T subword vocabulary of about 2^15
   (``approx_vocab_size``);
-- training: Adafactor (beta1 0, lr 0.01, rsqrt decay, 10k warmup) in the official code; here
-  whatever ``effiformer.train`` is given.
+- training: the released sizes train with the official Adafactor recipe
+  (:data:`~effiformer.recipes.ROUTING_RECIPE`, WikiText-103's with weight decay 2e-5), which
+  ``effiformer train`` picks by name.
 
 ``routing-tiny`` (tests) and ``routing-small`` (vanilla-small's size, for CPU comparisons) are ours.
 ``routing-small`` keeps the paper's local blocks of 256, so at its own ``seq_len`` of 256 its local
@@ -42,6 +43,7 @@ heads see the whole segment; ``benchmarks/routing_vs_vanilla.py`` sets ``--windo
 from __future__ import annotations
 
 from ..attention.routing import RoutingConfig
+from ..recipes import ROUTING_RECIPE, ROUTING_WT103_RECIPE, register_model_recipe
 from ..registry import register_model
 from .transformer import VanillaConfig
 
@@ -100,3 +102,7 @@ register_model(
     "pg19_local_cluster8k: 22L d1032 (8 x 129), 6 local + 2 routing heads in the last layer "
     "only (skip_first 21), 16 clusters x 512, 8k context (paper: 33.2 test ppl)",
 )  # fmt: skip
+
+register_model_recipe("routing-enwik8", ROUTING_RECIPE)
+register_model_recipe("routing-pg19", ROUTING_RECIPE)
+register_model_recipe("routing-wikitext103", ROUTING_WT103_RECIPE)

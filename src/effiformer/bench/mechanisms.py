@@ -1,0 +1,97 @@
+"""The attention mechanisms the quality suite trains and the default benchmark set times, each
+with its paper's settings for a task and a length (``mechanism_settings``). A module of its own
+below both :mod:`.quality` and :mod:`.harness`, which each read it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["MECHANISMS", "Mechanism", "mechanism_settings"]
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    """A row of the suite: the model ``family`` it builds (``vanilla`` with an attention part, or
+    a family of its own), the task kinds it fits and its attention settings for a length."""
+
+    name: str
+    family: str
+    kinds: tuple[str, ...]
+    attention: Callable[[str, int], dict[str, Any] | None]
+    note: str = ""
+    #: in the default selection; ablations (a setting changed to test why a row is weak) run
+    #: only when named with ``--attention``
+    default: bool = True
+
+
+def _pow2_sqrt(t: int) -> int:
+    """The power of two nearest sqrt(t) (Sparse Transformer: stride l ~ sqrt(n))."""
+    return max(2, 2 ** round(math.log2(math.sqrt(t))))
+
+
+def _window(task: str, t: int) -> int:
+    """Local window: 32 tokens on the synthetic tasks (MQAR pairs then lie beyond it from
+    T = 256 on), T / 8 for language modelling (128 at T = 1,024)."""
+    return max(16, t // 8) if task.startswith("lm") else min(32, t // 2)
+
+
+def _chunk(task: str, t: int) -> int:
+    """LSH chunk length: 64 (the Reformer default) where the sequence holds at least 4 chunks,
+    else t / 4."""
+    return 64 if t >= 256 else max(4, t // 4)
+
+
+MECHANISMS: dict[str, Mechanism] = {
+    m.name: m
+    for m in (
+        Mechanism("dense", "vanilla", ("causal", "bidirectional", "lm"),
+                  lambda task, t: {"name": "dense"}, "softmax attention (SDPA)"),
+        Mechanism("local", "vanilla", ("causal", "bidirectional", "lm"),
+                  lambda task, t: {"name": "local", "window": _window(task, t)},
+                  "own block and the previous one"),
+        Mechanism("sparse-strided", "vanilla", ("causal", "bidirectional", "lm"),
+                  lambda task, t: {"name": "sparse", "pattern": "strided",
+                                   "stride": _pow2_sqrt(t)}, "stride l ~ sqrt(T)"),
+        Mechanism("sparse-fixed", "vanilla", ("causal", "bidirectional", "lm"),
+                  lambda task, t: {"name": "sparse", "pattern": "fixed", "stride": _pow2_sqrt(t),
+                                   "summary": max(1, _pow2_sqrt(t) // 4)},
+                  "l ~ sqrt(T), c = l/4"),
+        Mechanism("adaptive-span", "vanilla", ("causal", "lm"),
+                  lambda task, t: {"name": "adaptive_span", "max_span": t},
+                  "spans learned up to T"),
+        Mechanism("routing", "vanilla", ("causal", "bidirectional", "lm"),
+                  lambda task, t: {"name": "routing", "window": _window(task, t)},
+                  "half the heads local, half routed, sqrt(T) clusters"),
+        Mechanism("lsh", "vanilla", ("causal", "bidirectional", "lm"),
+                  lambda task, t: {"name": "lsh", "chunk_len": _chunk(task, t), "n_hashes": 2},
+                  "shared-QK LSH, 2 hashes"),
+        Mechanism("lsra", "vanilla", ("causal", "bidirectional", "lm"),
+                  lambda task, t: {"name": "lsra"}, "half attention, half lightweight conv"),
+        Mechanism("relative-xl", "vanilla", ("causal", "lm"),
+                  lambda task, t: {"name": "relative_xl"}, "XL relative positions, no memory"),
+        Mechanism("xl", "xl", ("lm",), lambda task, t: None,
+                  "Transformer-XL, memory = segment"),
+        Mechanism("compressive", "compressive", ("lm",), lambda task, t: None,
+                  "Compressive, memory = compressed memory = segment / 2"),
+        Mechanism("funnel", "funnel", ("bidirectional",), lambda task, t: None,
+                  "Funnel encoder, pooled blocks"),
+        # ablations: one setting changed, to test an explanation of a weak row
+        Mechanism("adaptive-span-full", "vanilla", ("causal", "lm"),
+                  lambda task, t: {"name": "adaptive_span", "max_span": t, "init_span": 1.0},
+                  "ablation: spans start at S instead of 0", default=False),
+        Mechanism("routing-wide", "vanilla", ("causal", "bidirectional", "lm"),
+                  lambda task, t: {"name": "routing", "window": _window(task, t), "clusters": 4},
+                  "ablation: 4 clusters of T/4 tokens instead of sqrt(T) of sqrt(T)",
+                  default=False),
+    )
+}  # fmt: skip
+
+
+def mechanism_settings(mechanism: str, task: str, length: int) -> dict[str, Any] | None:
+    """The attention settings ``mechanism`` takes on ``task`` at ``length`` (None: its family
+    has its own attention)."""
+    return MECHANISMS[mechanism].attention(task, length)
