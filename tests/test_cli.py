@@ -44,7 +44,9 @@ def test_train_task_mlm_then_glue_then_eval(tmp_path, capsys, shared_data):
                  "--out", str(ft)]) == 0  # fmt: skip
     trained = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert main(["eval", str(ft)]) == 0
-    evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    lines = capsys.readouterr().out.strip().splitlines()
+    evaluated = json.loads(lines[-2])  # the record, then a human line (issue 28)
+    assert lines[-1].startswith("glue-sst2 dev (step 2): accuracy ") and "872 examples" in lines[-1]
     assert evaluated["task"] == "glue-sst2" and evaluated["examples"] == 872
     assert evaluated["accuracy"] == trained["val_accuracy"]
     assert main(["eval", str(pre)]) == 2

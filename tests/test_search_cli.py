@@ -59,7 +59,9 @@ def test_hat_end_to_end_from_the_command_line(tmp_path, capsys, monkeypatch):
     assert _json(capsys)["rows"] == 12
     assert main(["search", "predictor", lat, "--steps", "30", "--lr", "1e-3", "--out", pred,
                  "--plot", str(tmp_path / "p.png")]) == 0  # fmt: skip
-    rec = _json(capsys)
+    out_lines = capsys.readouterr().out.strip().splitlines()
+    rec = json.loads(out_lines[-2])
+    assert out_lines[-1].startswith("test RMSE (MAPE), best first: ") and "mlp " in out_lines[-1]
     assert set(rec["test"]) == {"mlp", "features_linear", "macs_linear", "decoding_macs_linear",
                                 "features_macs_linear", "features_decoding_macs_linear"}  # fmt: skip
     assert (tmp_path / "p.png").is_file()

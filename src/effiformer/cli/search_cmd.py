@@ -246,5 +246,19 @@ def run(args: argparse.Namespace) -> int:
     commands = {"latency-data": _latency_data, "predictor": _predictor, "evolve": _evolve}
     if args.search_command is None:
         raise ValueError("choose a step: effiformer search {latency-data,predictor,evolve} ...")
-    print(json.dumps(commands[args.search_command](args)))
+    record = commands[args.search_command](args)
+    print(json.dumps(record))
+    line = _summary(args.search_command, record)
+    if line:
+        print(line)
     return 0
+
+
+def _summary(step: str, record: dict) -> str | None:
+    """A human line after the JSON record of ``predictor`` (test errors, best first)."""
+    if step != "predictor" or not isinstance(record.get("test"), dict):
+        return None
+    errs = sorted(record["test"].items(), key=lambda kv: kv[1].get("rmse", float("inf")))
+    parts = [f"{name} {e['rmse']:.2f} ms ({e['mape']:.1f}%)" for name, e in errs]
+    where = f"; predictor saved to {record['predictor']}" if record.get("predictor") else ""
+    return f"test RMSE (MAPE), best first: {', '.join(parts)}{where}"

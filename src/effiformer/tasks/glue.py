@@ -460,7 +460,16 @@ def evaluate_glue(
         "step": meta.get("step"),
         **result,
     }
-    return EvalReport(record=record)
+    scores = ", ".join(
+        f"{m} {100 * result[m]:.1f}" if m in ("accuracy", "f1") else f"{m} {result[m]:.3f}"
+        for m in glue.spec.metrics
+        if m in result
+    )
+    summary = (
+        f"{glue.name} {split} (step {meta.get('step')}): {scores} on {result['examples']:,} "
+        f"examples; loss {result['loss']:.4f}"
+    )
+    return EvalReport(record=record, summary=summary)
 
 
 def _register(task: str) -> None:
