@@ -37,7 +37,9 @@ def _folder(d):
 
 
 def _json(capsys):
-    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    """The last JSON record printed (``predictor`` follows its record with a human line)."""
+    lines = capsys.readouterr().out.strip().splitlines()
+    return json.loads(next(x for x in reversed(lines) if x.startswith("{")))
 
 
 def test_hat_end_to_end_from_the_command_line(tmp_path, capsys, monkeypatch):
