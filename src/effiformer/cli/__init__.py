@@ -19,7 +19,16 @@ import os
 import sys
 import typing
 
-from . import bench_cmd, eval_cmd, generate_cmd, list_cmd, search_cmd, train_cmd, translate_cmd
+from . import (
+    average_cmd,
+    bench_cmd,
+    eval_cmd,
+    generate_cmd,
+    list_cmd,
+    search_cmd,
+    train_cmd,
+    translate_cmd,
+)
 from .common import EXIT_ERROR, EXIT_INTERRUPTED, apply_threads, report_error
 
 __all__ = ["build_parser", "main"]
@@ -51,6 +60,7 @@ COMMANDS = {
     "translate": translate_cmd,
     "bench": bench_cmd,
     "search": search_cmd,
+    "average": average_cmd,
 }
 
 
