@@ -172,7 +172,7 @@ BUDGETS: dict[str, QualityBudget] = {
         tasks={
             "mqar": TaskBudget((64, 256, 1024), 8000, 2048, 3, _LRS, 500, min_batch=2,
                                options={"eval_sequences": 256, "train_min_len": 64},
-                               target=0.995, length_steps={1024: 16000}),
+                               target=0.995, length_steps={1024: 24000}),
             "duplication": TaskBudget((256,), 2000, 2048, 3, _LRS, 500, min_batch=2,
                                       options={"vocab_size": 64}),
             "listops": TaskBudget((128,), 1500, 4096, 2, _LRS, 500, min_batch=8),
