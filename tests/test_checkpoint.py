@@ -112,3 +112,20 @@ def test_load_model_takes_a_run_directory(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(CheckpointError, match="holds no checkpoint"):
         load_model(tmp_path / "empty")
+
+
+def test_a_field_added_after_a_checkpoint_was_saved_reads_as_its_default(tmp_path):
+    """A checkpoint written before a config field existed (here: ``ffn_bias``, removed from the
+    saved config) matches a model with that field's default and not one without it; resuming
+    such a run used to fail with "checkpoint None, model True"."""
+    from effiformer.checkpoint import check_config_matches
+
+    save_model(create_model("vanilla-tiny"), tmp_path / "m")
+    path = tmp_path / "m" / "config.json"
+    record = json.loads(path.read_text())
+    del record["config"]["ffn_bias"]
+    path.write_text(json.dumps(record))
+    check_config_matches(tmp_path / "m", create_model("vanilla-tiny"))  # the default: matches
+    with pytest.raises(CheckpointError, match="ffn_bias: checkpoint True, model False"):
+        check_config_matches(tmp_path / "m", create_model("vanilla-tiny", ffn_bias=False))
+    assert load_model(tmp_path / "m").config.ffn_bias is True

@@ -372,6 +372,14 @@ def check_config_matches(directory: str | os.PathLike, module: nn.Module) -> Non
             f"checkpoint {str(directory)!r} is a {saved_family!r} model, not {config.family!r}"
         )
     current = _json_normal(config.to_dict())
+    # a field the checkpoint does not record (added to the config class after it was saved)
+    # means that field's default, which is what the checkpoint's model had
+    missing = {
+        k: v.to_dict() if hasattr(v, "to_dict") else v
+        for k, v in _field_defaults(type(config)).items()
+        if k not in saved
+    }
+    saved = {**_json_normal(missing), **saved}
     diffs = [
         f"{k}: checkpoint {saved.get(k)!r}, model {current.get(k)!r}"
         for k in sorted(set(saved) | set(current))
@@ -381,6 +389,19 @@ def check_config_matches(directory: str | os.PathLike, module: nn.Module) -> Non
         raise CheckpointError(
             f"checkpoint {str(directory)!r} is from another configuration: {'; '.join(diffs)}"
         )
+
+
+def _field_defaults(cls: type) -> dict[str, Any]:
+    """The default of every dataclass field of ``cls`` that has one."""
+    import dataclasses
+
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return out
 
 
 def load_weights(
