@@ -260,3 +260,19 @@ def test_library_metrics_equal_the_hand_written_ones_on_real_dev_sets(
         scored = glue_metrics(task, pred, target)
         for m, v in scored.items():
             assert abs(v - OLD[m](pred, target)) <= 1e-12
+
+
+def test_compound_split_and_tokenized_bleu_follow_the_papers_script():
+    """Issue 23: the WMT En-De papers score tokenized output after splitting hyphenated
+    compounds (fairseq's compound_split_bleu.sh: one perl s{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g
+    pass, matches not overlapping); translation_scores reports that BLEU beside sacreBLEU's."""
+    from effiformer.metrics import compound_split, tokenized_bleu, translation_scores
+
+    assert compound_split("Rot-Weiß-Gold") == "Rot ##AT##-##AT## Weiß ##AT##-##AT## Gold"
+    assert compound_split("a-b-c, e - f") == "a ##AT##-##AT## b-c, e - f"  # as perl's /g does
+    hyp, ref = ["ein rot-weißer Hund läuft ."], ["ein rot-weißer Hund rennt ."]
+    tok = tokenized_bleu(hyp, ref)
+    plain = translation_scores(hyp, ref)
+    assert plain["bleu_tok"] == tok["bleu_tok"] and tok["bleu_tok"] != plain["bleu"]
+    assert "compound-split" in tok["bleu_tok_signature"]
+    assert tokenized_bleu(ref, ref)["bleu_tok"] == pytest.approx(100.0)

@@ -810,6 +810,11 @@ def evaluate_translation(
         f"hypotheses in {record['hypotheses']}\n"
         f"BLEU signature: {record['bleu_signature']}\nchrF signature: {record['chrf_signature']}"
     )
+    if "bleu_tok" in record:  # the papers' convention, beside sacreBLEU's headline figure
+        summary += (
+            f"\ntokenized compound-split BLEU (the WMT papers' convention) {record['bleu_tok']:.2f}"
+            f": {record['bleu_tok_signature']}"
+        )
     return EvalReport(record=record, summary=summary)
 
 
