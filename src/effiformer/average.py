@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from .checkpoint import (
     CONFIG,
@@ -25,6 +24,7 @@ from .checkpoint import (
     TRAINER_STATE,
     WEIGHTS,
     CheckpointError,
+    RecordedTask,
     load_checkpoint,
     save_run_checkpoint,
 )
@@ -40,20 +40,6 @@ def run_checkpoints(run: str | os.PathLike) -> list[Path]:
         raise CheckpointError(f"run folder {str(root)!r} does not exist")
     steps = [d for d in root.glob("step-*") if d.is_dir() and (d / META).is_file()]
     return sorted(steps, key=lambda d: int(d.name.split("-")[1]))
-
-
-class _SavedTask:
-    """What the averaged run records of its task: the newest checkpoint's description and
-    files."""
-
-    def __init__(self, described: dict[str, Any], files: dict[str, bytes]) -> None:
-        self._described, self._files = described, files
-
-    def describe(self) -> dict[str, Any]:
-        return dict(self._described)
-
-    def artifacts(self) -> dict[str, bytes]:
-        return dict(self._files)
 
 
 def average_run(run: str | os.PathLike, last: int, out: str | os.PathLike) -> Path:
@@ -97,6 +83,6 @@ def average_run(run: str | os.PathLike, last: int, out: str | os.PathLike) -> Pa
         model,
         trainer_state={"averaged": sources},
         train_config={"averaged": sources, "kind": "checkpoint-average"},
-        task=_SavedTask(meta.get("task") or {}, files),
+        task=RecordedTask(meta.get("task") or {}, files),
         model_name=meta.get("model_name"),
     )

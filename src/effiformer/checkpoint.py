@@ -43,6 +43,7 @@ __all__ = [
     "CheckpointError",
     "CONFIG",
     "LATEST",
+    "RecordedTask",
     "META",
     "TRAINER_STATE",
     "TRAIN_CONFIG",
@@ -283,6 +284,22 @@ def _fsync_dir_files(d: Path) -> None:
     for p in d.iterdir():
         with open(p, "rb") as f:
             os.fsync(f.fileno())
+
+
+class RecordedTask:
+    """A stand-in task for :func:`save_run_checkpoint` when the run being written was not
+    trained here (an averaged or an exported model): what the checkpoint records of its task
+    (``describe()``, the source run's) and the task's files (``artifacts()``: vocabulary,
+    tokenizer, language pair)."""
+
+    def __init__(self, described: dict[str, Any], files: dict[str, bytes]) -> None:
+        self._described, self._files = dict(described), dict(files)
+
+    def describe(self) -> dict[str, Any]:
+        return dict(self._described)
+
+    def artifacts(self) -> dict[str, bytes]:
+        return dict(self._files)
 
 
 def save_run_checkpoint(

@@ -173,22 +173,6 @@ def evolve_supernet_run(
     return result, record
 
 
-class _ExportedTask:
-    """What a run checkpoint records of its task, for an exported SubTransformer: the
-    SuperTransformer run's translation task (its data, languages and splits) without the
-    per-update sampling, and its vocabulary and language pair as files."""
-
-    def __init__(self, described: dict[str, Any], artifacts: dict[str, bytes]) -> None:
-        self._described = described
-        self._artifacts = artifacts
-
-    def describe(self) -> dict[str, Any]:
-        return dict(self._described)
-
-    def artifacts(self) -> dict[str, bytes]:
-        return dict(self._artifacts)
-
-
 def export_run(
     standalone: Any, out: Path, meta: dict[str, Any], tokenizer: Any, pair: dict[str, Any]
 ) -> Path:
@@ -200,7 +184,7 @@ def export_run(
     ``--resume`` (HAT trains a searched SubTransformer anew, ``effiformer train``)."""
     import tempfile
 
-    from ..checkpoint import save_run_checkpoint
+    from ..checkpoint import RecordedTask, save_run_checkpoint
     from ..tasks.translation import PAIR_FILE
 
     described = {k: v for k, v in (meta.get("task") or {}).items() if k != "supernet"}
@@ -214,7 +198,7 @@ def export_run(
         standalone,
         trainer_state={"exported_from": meta.get("path"), "sub": standalone.config.sub},
         train_config={"exported_from": meta.get("path"), "kind": "hat-subtransformer"},
-        task=_ExportedTask(described, files),
+        task=RecordedTask(described, files),
         model_name="hat-subtransformer",
     )
 
