@@ -176,8 +176,8 @@ BUDGETS: dict[str, QualityBudget] = {
             "duplication": TaskBudget((256,), 2000, 2048, 3, _LRS, 500, min_batch=2,
                                       options={"vocab_size": 64}),
             "listops": TaskBudget((128,), 1500, 4096, 2, _LRS, 500, min_batch=8),
-            "lm-ptb": TaskBudget((1024,), 500, 4096, 2, _LRS, 250, min_batch=2),
-            "lm-shakespeare": TaskBudget((1024,), 500, 4096, 2, _LRS, 250, min_batch=2),
+            "lm-ptb": TaskBudget((1024,), 5000, 4096, 2, _LRS, 500, min_batch=2),
+            "lm-shakespeare": TaskBudget((1024,), 5000, 4096, 2, _LRS, 500, min_batch=2),
         },
         description="the 2-core CPU table (see docs/quality.md for its cost)",
     ),
@@ -230,9 +230,12 @@ def _model_overrides(
                                  "conv_heads": budget.n_heads}  # fmt: skip
         return "vanilla-tiny", over
     if mech.family in ("xl", "compressive"):
-        over = {**common, "ffn_dim": 4 * budget.dim, "seq_len": length, "mem_len": length}
+        # the same attention context as the others' T: segments of T/2 with T/2 of memory
+        # (Compressive: T/4 of memory and T/4 compressed slots, which reach 3T/4 further back)
+        over = {**common, "ffn_dim": 4 * budget.dim, "seq_len": length // 2,
+                "mem_len": length // 2}  # fmt: skip
         if mech.family == "compressive":
-            over.update(mem_len=length // 2, cmem_len=length // 2)
+            over.update(mem_len=length // 4, cmem_len=length // 4)
         return f"{mech.family}-tiny", over
     if mech.family == "funnel":
         return "funnel-tiny", {**common, "ffn_dim": 4 * budget.dim, "n_layers": budget.n_layers}
@@ -275,7 +278,7 @@ def _task_setup(cell: dict[str, Any]) -> tuple[Any, torch.nn.Module]:
         task = LMTask(
             corpus,
             batch_size=batch,
-            seq_len=length,
+            seq_len=int(over.get("seq_len", length)),
             seed=seed,
             eval_tokens=opts.get("eval_tokens"),
         )
@@ -520,6 +523,8 @@ def _make_cell(
     tb = budget.tasks[task]
     model, over = _model_overrides(budget, task, mechanism, length)
     cid = cell_id(task, mechanism, length, lr, seed)
+    # recurrent families train on segments shorter than T: as many more rows, the same tokens
+    segment = int(over.get("seq_len", length)) if TASKS[task][0] == "lm" else length
     return {
         "kind": "quality",
         "cell": cid,
@@ -530,7 +535,7 @@ def _make_cell(
         "seed": seed,
         "lr": lr,
         "steps": steps or tb.steps_at(length),
-        "batch": tb.batch(length),
+        "batch": tb.batch(segment),
         "warmup": tb.warmup,
         "eval_every": min(tb.eval_every, steps or tb.steps_at(length)),
         "target": tb.target,
