@@ -12,6 +12,8 @@ Beam search follows fairseq's ``SequenceGenerator`` (``fairseq/sequence_generato
   first ``beam`` of them finishes a hypothesis, and the first ``beam`` non-EOS ones continue;
 - a finished hypothesis scores ``sum log p / len ** lenpen`` with ``len`` the number of
   generated tokens including EOS (fairseq ``--lenpen``, default 1; 0 = raw log-probability);
+  ``lenpen_form="gnmt"`` divides by ``((5 + len) / 6) ** lenpen`` instead (Wu et al. 2016,
+  tensor2tensor's ``alpha``: the penalty of Vaswani et al.'s alpha = 0.6);
 - PAD and BOS are never generated; EOS is forbidden before ``min_len`` tokens and forced after
   ``max_len = a * src_len + b`` tokens (fairseq ``--max-len-a`` / ``--max-len-b``), capped so the
   decoder input fits ``seq_len``.
@@ -22,7 +24,7 @@ fairseq stops a sentence as soon as it has ``beam`` finished hypotheses
 (``early_stopping=True`` here); by default a sentence keeps its ``beam`` best finished
 hypotheses and goes on until no running beam can beat the worst of them any more: the best a
 running hypothesis of log-probability ``s`` (which only falls) can still score is
-``s / L ** lenpen`` at the longest length ``L`` it may reach when ``lenpen > 0`` (at the
+``s / penalty(L)`` at the longest length ``L`` it may reach when ``lenpen > 0`` (at the
 shortest one otherwise). With ``lenpen > 0`` that bound rarely closes before ``max_len``, so
 exact stopping costs more steps; validation during training uses ``early_stopping=True``.
 
@@ -41,7 +43,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .recipes import LENPEN_FORMS
+
 __all__ = [
+    "length_penalty",
     "Hypothesis",
     "beam_search",
     "greedy_search",
@@ -57,11 +62,25 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Hypothesis:
     """tokens: generated ids without BOS and EOS; log_prob: sum of the log-probabilities of the
-    tokens and the final EOS; score: ``log_prob / (len(tokens) + 1) ** lenpen``."""
+    tokens and the final EOS; score: ``log_prob / length_penalty(len(tokens) + 1, ...)``."""
 
     tokens: list[int]
     log_prob: float
     score: float
+
+
+def length_penalty(length: int, lenpen: float, form: str = "fairseq") -> float:
+    """What a finished hypothesis of ``length`` generated tokens (EOS included) divides its
+    log-probability by: ``length ** lenpen`` (``form="fairseq"``) or ``((5 + length) / 6) **
+    lenpen`` (``"gnmt"``). Both rise with ``length`` for ``lenpen > 0``."""
+    if form == "gnmt":
+        return ((5 + length) / 6) ** lenpen
+    return length**lenpen
+
+
+def _check_lenpen_form(form: str) -> None:
+    if form not in LENPEN_FORMS:
+        raise ValueError(f"lenpen_form must be one of {list(LENPEN_FORMS)}, got {form!r}")
 
 
 def _check_src(model: Any, src_ids: Tensor, src_mask: Tensor | None) -> Tensor:
@@ -156,11 +175,13 @@ def beam_search(
     min_len: int = 1,
     early_stopping: bool = False,
     n_best: int = 1,
+    lenpen_form: str = "fairseq",
 ) -> list[list[Hypothesis]]:
     """Batched beam search (see the module docstring). src_ids (B, S) (EOS-terminated,
     right-padded) -> per sentence its ``n_best`` finished hypotheses, best score first."""
     if isinstance(beam, bool) or not isinstance(beam, int) or beam < 1:
         raise ValueError(f"beam must be a positive int, got {beam!r}")
+    _check_lenpen_form(lenpen_form)
     if not 1 <= n_best <= beam:
         raise ValueError(f"n_best must be in [1, beam={beam}], got {n_best}")
     if min_len < 0:
@@ -205,7 +226,9 @@ def beam_search(
                     continue
                 row = bi * k + int(cand_beam[bi, ci])
                 lp = float(cand_scores[bi, ci])
-                hyp = Hypothesis(tokens[row, 1:].tolist(), lp, lp / length**lenpen)
+                hyp = Hypothesis(
+                    tokens[row, 1:].tolist(), lp, lp / length_penalty(length, lenpen, lenpen_form)
+                )
                 _keep(finished[bi], hyp, k)
         # The K best non-EOS candidates continue (EOS ones rank last).
         rank = torch.arange(n_cand, device=dev).expand(b, n_cand)
@@ -227,7 +250,7 @@ def beam_search(
                 else:
                     longest = limits[bi] + 1
                     reach = longest if lenpen > 0 else length + 1
-                    bound = best_running[bi] / reach**lenpen
+                    bound = best_running[bi] / length_penalty(reach, lenpen, lenpen_form)
                     done[bi] = bound <= min(h.score for h in finished[bi])
         if all(done):
             break
@@ -301,6 +324,7 @@ def translate(
     batch_size: int = 64,
     early_stopping: bool = False,
     progress: Callable[[int], None] | None = None,
+    lenpen_form: str = "fairseq",
 ) -> list[str] | list[list[int]]:
     """Translate strings (needs ``tokenizer``) or id sequences (each ending in EOS; a (B, S)
     tensor is read row by row up to its padding), in batches of ``batch_size`` sentences sorted
@@ -311,6 +335,7 @@ def translate(
     cfg = model.config
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    _check_lenpen_form(lenpen_form)
     as_text = (
         len(sources) > 0 and isinstance(sources[0], str)
         if not isinstance(sources, Tensor)
@@ -367,7 +392,13 @@ def translate(
                 hyps = [h.tokens for h in greedy_search(model, src, **kw)]
             else:
                 found = beam_search(
-                    model, src, beam=beam, lenpen=lenpen, early_stopping=early_stopping, **kw
+                    model,
+                    src,
+                    beam=beam,
+                    lenpen=lenpen,
+                    lenpen_form=lenpen_form,
+                    early_stopping=early_stopping,
+                    **kw,
                 )
                 hyps = [f[0].tokens for f in found]
             for i, h in zip(chunk, hyps):

@@ -41,6 +41,17 @@ __all__ = [
     "ADAPTIVE_SPAN_LARGE_RECIPE",
     "ADAPTIVE_SPAN_SMALL_RECIPE",
     "ROUTING_RECIPE",
+    "DEFAULT_DECODING",
+    "FAIRSEQ_IWSLT_DECODING",
+    "HAT_IWSLT_DECODING",
+    "HAT_WMT_DECODING",
+    "LITE_IWSLT_DECODING",
+    "LITE_WMT_DECODING",
+    "VASWANI_DECODING",
+    "DecodingRecipe",
+    "LENPEN_FORMS",
+    "decoding_for",
+    "register_model_decoding",
     "ROUTING_WT103_RECIPE",
     "COMPRESSIVE_RECIPE",
     "FUNNEL_RECIPE",
@@ -577,3 +588,111 @@ def describe_training(
         }[v["no_decay"]]
         parts.append(f"weight decay {float(v['weight_decay']):g} ({where})")
     return ", ".join(parts)
+
+
+# ------------------------------------------------------------------------------------------
+# Decoding conventions: how each paper searched when it reported BLEU
+# ------------------------------------------------------------------------------------------
+
+#: Length-penalty forms beam search divides a hypothesis' log-probability by: ``fairseq``
+#: (``--lenpen``): ``length ** lenpen``; ``gnmt`` (Wu et al. 2016, eq. 14; tensor2tensor's
+#: ``alpha``, which Vaswani et al. 2017 sec. 6.1 set to 0.6): ``((5 + length) / 6) ** lenpen``.
+LENPEN_FORMS = ("fairseq", "gnmt")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodingRecipe:
+    """How a paper decoded for its reported BLEU: ``beam``, the length penalty ``lenpen`` and its
+    ``lenpen_form`` (:data:`LENPEN_FORMS`); ``source``: the paper and script it comes from;
+    ``average``: how many last checkpoints the paper averaged (informative: ``effiformer
+    average RUN --last N`` does it; 0 = none); ``notes``: what differs here."""
+
+    name: str
+    source: str
+    beam: int = 5
+    lenpen: float = 1.0
+    lenpen_form: str = "fairseq"
+    average: int = 0
+    notes: str = ""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.beam, bool) or not isinstance(self.beam, int) or self.beam < 1:
+            raise ConfigError(f"beam must be a positive int, got {self.beam!r}")
+        if not math.isfinite(self.lenpen):
+            raise ConfigError(f"lenpen must be a finite number, got {self.lenpen!r}")
+        if self.lenpen_form not in LENPEN_FORMS:
+            raise ConfigError(
+                f"lenpen_form must be one of {list(LENPEN_FORMS)}, got {self.lenpen_form!r}"
+            )
+
+    def describe(self) -> str:
+        """``beam 4, lenpen 0.6 (gnmt) [Vaswani et al. 2017 ...]``."""
+        form = f" ({self.lenpen_form})" if self.lenpen_form != "fairseq" else ""
+        return f"beam {self.beam}, lenpen {self.lenpen:g}{form} [{self.source}]"
+
+
+VASWANI_DECODING = DecodingRecipe(
+    name="vaswani",
+    source="Vaswani et al. 2017 sec. 6.1 (tensor2tensor): beam 4, alpha 0.6",
+    beam=4,
+    lenpen=0.6,
+    lenpen_form="gnmt",
+    average=5,
+    notes="the paper averages the last 5 checkpoints (base; 20 for big), written every 10 "
+    "minutes: effiformer average RUN --last N averages the last N kept checkpoints",
+)
+FAIRSEQ_IWSLT_DECODING = DecodingRecipe(
+    name="fairseq-iwslt",
+    source="fairseq examples/translation, IWSLT'14 De-En: beam 5",
+)
+LITE_WMT_DECODING = DecodingRecipe(
+    name="lite-wmt",
+    source="Lite Transformer configs/wmt16.en-de/test.sh: beam 4, lenpen 0.6",
+    beam=4,
+    lenpen=0.6,
+    notes="the best checkpoint, not an average",
+)
+LITE_IWSLT_DECODING = DecodingRecipe(
+    name="lite-iwslt",
+    source="Lite Transformer configs/iwslt14.de-en/test.sh: beam 4, last 10 checkpoints averaged",
+    beam=4,
+    average=10,
+)
+HAT_WMT_DECODING = DecodingRecipe(
+    name="hat-wmt",
+    source="HAT configs/wmt14.en-de/test.sh: beam 4, lenpen 0.6",
+    beam=4,
+    lenpen=0.6,
+)
+HAT_IWSLT_DECODING = DecodingRecipe(
+    name="hat-iwslt",
+    source="HAT configs/iwslt14.de-en/test.sh: beam 5, last 10 checkpoints averaged",
+    average=10,
+)
+
+#: What every model without a registered convention decodes with: fairseq-generate's defaults.
+DEFAULT_DECODING = DecodingRecipe(
+    name="default", source="fairseq-generate's defaults (beam 5, lenpen 1)"
+)
+_MODEL_DECODING: dict[str, DecodingRecipe] = {}
+
+
+def register_model_decoding(pattern: str, decoding: DecodingRecipe) -> None:
+    """Register the paper's decoding convention for the model names matching the glob
+    ``pattern``; ``effiformer eval`` and ``effiformer translate`` take it unless flags say
+    otherwise (:func:`decoding_for`)."""
+    if not isinstance(decoding, DecodingRecipe):
+        raise TypeError(f"decoding must be a DecodingRecipe, got {type(decoding).__name__}")
+    if pattern in _MODEL_DECODING and _MODEL_DECODING[pattern] != decoding:
+        raise ValueError(f"model names {pattern!r} already have a decoding convention")
+    _MODEL_DECODING[pattern] = decoding
+
+
+def decoding_for(model_name: str | None) -> DecodingRecipe:
+    """The decoding convention of registered model ``model_name`` (the longest matching glob),
+    else :data:`DEFAULT_DECODING`."""
+    if model_name:
+        hits = [p for p in _MODEL_DECODING if fnmatch.fnmatchcase(model_name, p)]
+        if hits:
+            return _MODEL_DECODING[max(hits, key=len)]
+    return DEFAULT_DECODING

@@ -133,6 +133,9 @@ def test_a_trained_tiny_model_translates_and_the_run_functions_work(folder, tmp_
     run = tmp_path / "run"
     record = evaluate_run(run, "test_2016_flickr", beam=3)
     assert record["bleu"] > 30  # a word-for-word dictionary is easy
+    # the beam given, the rest from the default convention (the run's model has none)
+    assert (record["beam"], record["lenpen"], record["lenpen_form"]) == (3, 1.0, "fairseq")
+    assert record["decoding"].startswith("lenpen, lenpen_form from fairseq-generate")
     hyps = Path(record["hypotheses"]).read_text().splitlines()
     assert len(hyps) == 15 and record["split"] == "test_2016_flickr"
     lines = ["a big dog runs.", "", "a red man."]

@@ -7,6 +7,8 @@ one it is refused in one line that says so."""
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from ..checkpoint import load_config, load_model
 from ..data.tokenizer import TOKENIZER_FILE, SubwordTokenizer, TokenizerError
 from ..generation import translate
 from ..progress import progress_bar, progress_enabled
+from ..recipes import LENPEN_FORMS
 from ..registry import build_model
 from ..tasks.base import resolve_device
 from ..tasks.translation import (
@@ -25,6 +28,7 @@ from ..tasks.translation import (
     check_translation_model,
     load_translation_run,
     read_pair,
+    resolve_decoding,
 )
 from .common import (
     add_common_flags,
@@ -34,10 +38,15 @@ from .common import (
     saved_model_lacks,
 )
 
+logger = logging.getLogger(__name__)
+
 EPILOG = """examples:
   effiformer translate runs/m30k < sentences.en > sentences.de
   echo 'A dog runs in the snow.' | effiformer translate runs/m30k --beam 1
   effiformer translate runs/m30k --src en --tgt de --beam 5 --lenpen 1.0 < in.txt > out.txt
+Without --beam/--lenpen/--lenpen-form a run decodes as the paper of its configuration did
+(transformer-base: beam 4, GNMT penalty 0.6; lite-wmt-*, hat-wmt-*: beam 4, lenpen 0.6; ...),
+other models with fairseq's beam 5, lenpen 1; the log line says which.
 One sentence per line (an empty line gives an empty line); sentences longer than the model's
 limit are truncated with a warning. The output is written when every line is translated.
 A folder of effiformer.save_model (model.safetensors + config.json) holds no tokenizer: put the
@@ -58,9 +67,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="run directory (its latest checkpoint), checkpoint directory, or a folder of "
         "effiformer.save_model with its run's tokenizer.json",
     )
-    p.add_argument("--beam", type=positive_int, default=5, help="beam size; 1 = greedy (default 5)")
     p.add_argument(
-        "--lenpen", type=float, default=1.0, help="length penalty: score / len**lenpen (default 1)"
+        "--beam",
+        type=positive_int,
+        default=None,
+        help="beam size; 1 = greedy (default: the configuration's paper convention, else 5)",
+    )
+    p.add_argument(
+        "--lenpen",
+        type=float,
+        default=None,
+        help="length penalty (default: the configuration's paper convention, else 1)",
+    )
+    p.add_argument(
+        "--lenpen-form",
+        choices=LENPEN_FORMS,
+        default=None,
+        help="fairseq: score / len**lenpen; gnmt: score / ((5 + len) / 6)**lenpen, Vaswani et "
+        "al.'s (default: the configuration's paper convention, else fairseq)",
     )
     p.add_argument(
         "--batch", type=positive_int, default=64, help="sentences per batch (default 64)"
@@ -98,7 +122,9 @@ def _load_saved_model(
             f"{TOKENIZER_FILE} has {tokenizer.vocab_size} ids; the files are from different runs"
         )
     model.to(device).eval()
-    return model, tokenizer, {"pair": read_pair(directory), "path": str(directory)}
+    name = json.loads((directory / "config.json").read_text()).get("name")
+    return model, tokenizer, {"pair": read_pair(directory), "path": str(directory),
+                              "model_name": name}  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -109,6 +135,10 @@ def run(args: argparse.Namespace) -> int:
         model, tokenizer, meta = _load_saved_model(saved, device)
     else:
         model, tokenizer, meta = load_translation_run(args.run, device=device)
+    beam, lenpen, lenpen_form, where = resolve_decoding(
+        meta.get("model_name"), args.beam, args.lenpen, args.lenpen_form
+    )
+    logger.info("decoding: beam %d, lenpen %g (%s); %s", beam, lenpen, lenpen_form, where)
     pair = meta.get("pair")
     if pair is not None and (args.src is not None or args.tgt is not None):
         check_pair(
@@ -127,8 +157,9 @@ def run(args: argparse.Namespace) -> int:
                 model,
                 lines,
                 tokenizer=tokenizer,
-                beam=args.beam,
-                lenpen=args.lenpen,
+                beam=beam,
+                lenpen=lenpen,
+                lenpen_form=lenpen_form,
                 batch_size=args.batch,
                 progress=lambda done: bar.update(done - bar.n),
             )

@@ -90,7 +90,13 @@ from ..attention.base import AttentionMask, KVCache
 from ..attention.dense import sdpa
 from ..attention.sinusoid import sinusoid_table
 from ..config import ConfigError, ModelConfig
-from ..recipes import TrainRecipe, register_recipe
+from ..recipes import (
+    HAT_IWSLT_DECODING,
+    HAT_WMT_DECODING,
+    TrainRecipe,
+    register_model_decoding,
+    register_recipe,
+)
 from ..registry import register_family, register_model
 from .base import IGNORE_INDEX, EffiModel, ModelOutput
 from .seq2seq import SourceChecks, label_smoothed_nll, shift_right
@@ -1401,6 +1407,8 @@ HAT_RECIPE = TrainRecipe(
 
 register_family(HATConfig, build_hat)
 register_recipe("hat", HAT_RECIPE)
+register_model_decoding("hat-wmt-*", HAT_WMT_DECODING)
+register_model_decoding("hat-iwslt-*", HAT_IWSLT_DECODING)
 register_model(
     "hat-tiny",
     HATConfig(space="tiny", vocab_size=256, seq_len=64, dropout=0.0, attn_dropout=0.0),

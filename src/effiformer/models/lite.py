@@ -38,7 +38,14 @@ Deviation: the IWSLT architecture initialises the FFN with fairseq's ``ratio_xav
 from __future__ import annotations
 
 from ..attention.lsra import LSRAConfig
-from ..recipes import LITE_IWSLT_RECIPE, LITE_WMT_RECIPE, register_model_recipe
+from ..recipes import (
+    LITE_IWSLT_DECODING,
+    LITE_IWSLT_RECIPE,
+    LITE_WMT_DECODING,
+    LITE_WMT_RECIPE,
+    register_model_decoding,
+    register_model_recipe,
+)
 from ..registry import register_model
 from .seq2seq import Seq2SeqConfig
 
@@ -137,3 +144,5 @@ register_model(
 
 register_model_recipe("lite-iwslt-*", LITE_IWSLT_RECIPE)
 register_model_recipe("lite-wmt-*", LITE_WMT_RECIPE)
+register_model_decoding("lite-iwslt-*", LITE_IWSLT_DECODING)
+register_model_decoding("lite-wmt-*", LITE_WMT_DECODING)

@@ -71,7 +71,13 @@ from ..config import ConfigError, ModelConfig, attention_config
 from ..layers import FeedForward, LayerStack, TransformerBlock, build_positions, prefix_keys
 from ..layers.decoder_block import DecoderBlock, DecoderLayerState
 from ..layers.ffn import ACTIVATIONS
-from ..recipes import SEQ2SEQ_RECIPE, register_recipe
+from ..recipes import (
+    FAIRSEQ_IWSLT_DECODING,
+    SEQ2SEQ_RECIPE,
+    VASWANI_DECODING,
+    register_model_decoding,
+    register_recipe,
+)
 from ..registry import register_family, register_model
 from .base import IGNORE_INDEX, EffiModel, ModelOutput
 
@@ -541,6 +547,9 @@ def build_seq2seq(config: Seq2SeqConfig) -> Seq2SeqTransformer:
 
 register_family(Seq2SeqConfig, build_seq2seq)
 register_recipe("seq2seq", SEQ2SEQ_RECIPE)
+register_model_decoding("transformer-base", VASWANI_DECODING)
+register_model_decoding("transformer-big", VASWANI_DECODING)
+register_model_decoding("transformer-iwslt", FAIRSEQ_IWSLT_DECODING)
 register_model(
     "seq2seq-tiny",
     Seq2SeqConfig(

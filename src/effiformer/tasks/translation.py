@@ -58,6 +58,7 @@ __all__ = [
     "evaluate_run",
     "load_translation_run",
     "read_pair",
+    "resolve_decoding",
     "translate_file",
 ]
 
@@ -363,6 +364,7 @@ class TranslationTask:
         batch_size: int = 64,
         early_stopping: bool | None = None,
         progress: Callable[[int], None] | None = None,
+        lenpen_form: str = "fairseq",
     ) -> tuple[list[str], list[str]]:
         """(detokenized hypotheses, references) for the sources of ``split``."""
         from ..generation import translate
@@ -382,6 +384,7 @@ class TranslationTask:
                 tokenizer=self.tokenizer,
                 beam=beam,
                 lenpen=lenpen,
+                lenpen_form=lenpen_form,
                 batch_size=batch_size,
                 early_stopping=early_stopping if early_stopping is not None else beam > 1,
                 progress=progress,
@@ -534,19 +537,25 @@ def evaluate_run(
     src: str | None = None,
     tgt: str | None = None,
     out: str | os.PathLike | None = None,
-    beam: int = 5,
-    lenpen: float = 1.0,
+    beam: int | None = None,
+    lenpen: float | None = None,
     batch_size: int = 64,
     device: torch.device | str = "cpu",
     progress: Callable[[int], None] | None = None,
     sentences: int | None = None,
+    lenpen_form: str | None = None,
 ) -> dict[str, Any]:
     """BLEU and chrF of a run on ``split`` of ``data`` (default: the folder it was trained on),
     beam search; the hypotheses go to ``out`` (default ``RUN_CHECKPOINT/hyps/SPLIT.TGT``),
     written atomically after decoding. ``split``: ``"valid"`` / ``"test"`` (the splits the run
     was trained with) or any split name of the folder; ``sentences``: only the first N pairs.
-    Returns the record (scores, signatures, paths)."""
+    ``beam``, ``lenpen``, ``lenpen_form``: ``None`` takes the run's configuration's paper
+    convention (:func:`~effiformer.recipes.decoding_for`; fairseq's beam 5, lenpen 1 for the
+    others). Returns the record (scores, signatures, paths)."""
     model, tokenizer, meta = load_translation_run(run, device=device)
+    beam, lenpen, lenpen_form, convention = resolve_decoding(
+        meta.get("model_name"), beam, lenpen, lenpen_form
+    )
     saved = meta.get("task", {})
     pair = meta.get("pair") or {"src": saved.get("src"), "tgt": saved.get("tgt")}
     src = src or pair["src"]
@@ -571,6 +580,7 @@ def evaluate_run(
         name,
         beam=beam,
         lenpen=lenpen,
+        lenpen_form=lenpen_form,
         batch_size=batch_size,
         early_stopping=False,
         progress=progress,
@@ -588,6 +598,8 @@ def evaluate_run(
         "tgt": tgt,
         "beam": beam,
         "lenpen": lenpen,
+        "lenpen_form": lenpen_form,
+        "decoding": convention,
         "sentences": len(hyps),
         "hypotheses": str(target),
         **result,
@@ -600,18 +612,23 @@ def translate_file(
     *,
     src: str | None = None,
     tgt: str | None = None,
-    beam: int = 5,
-    lenpen: float = 1.0,
+    beam: int | None = None,
+    lenpen: float | None = None,
     batch_size: int = 64,
     max_len_a: float = 1.2,
     max_len_b: int = 10,
     device: torch.device | str = "cpu",
     progress: Callable[[int], None] | None = None,
+    lenpen_form: str | None = None,
 ) -> list[str]:
     """Translations of ``lines`` (one sentence each; an empty line gives an empty line) by the
     run's model, in order. ``src`` / ``tgt``: the direction the caller expects (checked
-    against the run's). Sentences longer than the model's limit are truncated with a warning."""
+    against the run's). Sentences longer than the model's limit are truncated with a warning.
+    ``beam``, ``lenpen``, ``lenpen_form``: ``None`` takes the configuration's convention."""
     model, tokenizer, meta = load_translation_run(run, device=device)
+    beam, lenpen, lenpen_form, _ = resolve_decoding(
+        meta.get("model_name"), beam, lenpen, lenpen_form
+    )
     pair = meta.get("pair")
     if pair is not None and (src is not None or tgt is not None):
         check_pair(pair, src or pair["src"], tgt or pair["tgt"], meta["path"], direction=True)
@@ -625,12 +642,34 @@ def translate_file(
             tokenizer=tokenizer,
             beam=beam,
             lenpen=lenpen,
+            lenpen_form=lenpen_form,
             max_len_a=max_len_a,
             max_len_b=max_len_b,
             batch_size=batch_size,
             progress=progress,
         )
     )
+
+
+def resolve_decoding(
+    model_name: str | None,
+    beam: int | None = None,
+    lenpen: float | None = None,
+    lenpen_form: str | None = None,
+) -> tuple[int, float, str, str]:
+    """``(beam, lenpen, lenpen_form, where from)``: each value given, else that of the paper
+    convention registered for ``model_name`` (:func:`~effiformer.recipes.decoding_for`);
+    ``where from`` says which were taken from which convention."""
+    from ..recipes import decoding_for
+
+    conv = decoding_for(model_name)
+    taken = [n for n, v in (("beam", beam), ("lenpen", lenpen), ("lenpen_form", lenpen_form))
+             if v is None]  # fmt: skip
+    beam = conv.beam if beam is None else beam
+    lenpen = conv.lenpen if lenpen is None else float(lenpen)
+    lenpen_form = conv.lenpen_form if lenpen_form is None else lenpen_form
+    where = f"{', '.join(taken)} from {conv.source}" if taken else "all given"
+    return beam, lenpen, lenpen_form, where
 
 
 # ------------------------------------------------------------------------------------------
@@ -689,8 +728,18 @@ class TranslationEvalOptions:
     data: str | None = task_option(
         None, "parallel corpus folder (default: the one recorded at training)", metavar="PATH"
     )
-    beam: int = task_option(5, "beam size (1 = greedy)")
-    lenpen: float = task_option(1.0, "length penalty: score / length ** lenpen")
+    beam: int | None = task_option(
+        None, "beam size (1 = greedy; default: the configuration's paper convention, else 5)"
+    )
+    lenpen: float | None = task_option(
+        None, "length penalty (default: the configuration's paper convention, else 1)"
+    )
+    lenpen_form: str | None = task_option(
+        None,
+        "fairseq (score / length ** lenpen) or gnmt (score / ((5 + length) / 6) ** lenpen, "
+        "Vaswani et al.'s); default: the configuration's paper convention, else fairseq",
+        metavar="FORM",
+    )
     batch: int | None = task_option(None, "sentences per decoding batch (default 64)")
     eval_sentences: int | None = task_option(
         None, "score only the first N sentences of the split (default: all)", metavar="N"
@@ -700,7 +749,13 @@ class TranslationEvalOptions:
     )
 
     def __post_init__(self) -> None:
-        _positive_int("beam", self.beam)
+        from ..recipes import LENPEN_FORMS
+
+        _check_opt_positive("beam", self.beam)
+        if self.lenpen_form is not None and self.lenpen_form not in LENPEN_FORMS:
+            raise ValueError(
+                f"--lenpen-form must be one of {list(LENPEN_FORMS)}, got {self.lenpen_form!r}"
+            )
         _check_opt_positive("batch", self.batch)
         _check_opt_positive("eval_sentences", self.eval_sentences)
 
@@ -798,6 +853,7 @@ def evaluate_translation(
         out=options.out,
         beam=options.beam,
         lenpen=options.lenpen,
+        lenpen_form=options.lenpen_form,
         batch_size=options.batch or 64,
         device=dev,
         sentences=options.eval_sentences,
@@ -806,8 +862,8 @@ def evaluate_translation(
     summary = (
         f"{record['model']} step {record['step']}: {record['split']} {record['src']}->"
         f"{record['tgt']} BLEU {record['bleu']:.2f} chrF {record['chrf']:.2f} (beam "
-        f"{record['beam']}, lenpen {record['lenpen']:g}, {record['sentences']} sentences); "
-        f"hypotheses in {record['hypotheses']}\n"
+        f"{record['beam']}, lenpen {record['lenpen']:g} {record['lenpen_form']}, "
+        f"{record['sentences']} sentences); hypotheses in {record['hypotheses']}\n"
         f"BLEU signature: {record['bleu_signature']}\nchrF signature: {record['chrf_signature']}"
     )
     if "bleu_tok" in record:  # the papers' convention, beside sacreBLEU's headline figure
@@ -815,6 +871,7 @@ def evaluate_translation(
             f"\ntokenized compound-split BLEU (the WMT papers' convention) {record['bleu_tok']:.2f}"
             f": {record['bleu_tok_signature']}"
         )
+    summary += f"\ndecoding: {record['decoding']}"
     return EvalReport(record=record, summary=summary)
 
 
