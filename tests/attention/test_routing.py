@@ -543,8 +543,14 @@ def test_named_configurations_follow_the_released_hyperparameters():
     assert (w.attention.routing_heads, w.attention.clusters, w.attention.cluster_window) == (
         8, 8, 512
     )  # fmt: skip
+    # relative positions only, emb_dense, norm_epsilon 1e-6; WikiText-103's input dropouts
+    assert (w.token_dropout, w.embed_dropout) == (0.25, 0.4)
     p = get_config("routing-pg19")
     assert (p.n_layers, p.dim, p.n_heads, p.head_dim, p.ffn_dim) == (22, 1032, 8, 129, 4096)
+    for c in (e, w, p):
+        assert (c.positions, c.norm_eps, c.embed_dense) == ("none", 1e-6, True)
+        assert c.attention.max_relative_position == 513
+    assert (e.token_dropout, e.embed_dropout, p.token_dropout) == (0.0, 0.0, 0.0)
     s, v = get_config("routing-small"), get_config("vanilla-small")
     assert (s.dim, s.n_heads, s.n_layers, s.ffn_dim, s.seq_len) == (
         v.dim, v.n_heads, v.n_layers, v.ffn_dim, v.seq_len
@@ -729,3 +735,127 @@ def test_the_default_routing_scale_gives_the_official_logits(qk_norm, expected):
     m = _part(RoutingConfig(routing_heads=1, window=8, clusters=4, qk_norm=qk_norm))
     assert m.scale == expected
     assert _part(RoutingConfig(routing_heads=1, qk_norm=qk_norm, scale=3.0)).scale == 3.0
+
+
+# ------------------------------------------------------------------ relative positions (T2T)
+
+
+def _relative_oracle(q, k, v, keep, dist, a_k, a_v, scale):
+    """One query row at a time: softmax over the kept keys of scale * q.(k_j + a_K[d_ij]),
+    output sum_j w_j (v_j + a_V[d_ij]); dist (Lq, Lk) clipped-and-shifted table rows."""
+    out = torch.zeros(q.shape[0], v.shape[-1], dtype=q.dtype)
+    for i in range(q.shape[0]):
+        js = [j for j in range(k.shape[0]) if keep[i, j]]
+        if not js:
+            continue
+        logits = torch.stack([scale * q[i] @ (k[j] + a_k[dist[i, j]]) for j in js])
+        w = torch.softmax(logits, 0)
+        out[i] = sum(w[n] * (v[j] + a_v[dist[i, j]]) for n, j in enumerate(js))
+    return out
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_relative_positions_equal_a_per_query_oracle_in_both_head_types(causal):
+    """Local heads: token distance j - i inside their own block and the previous (and next)
+    one; routing heads: the rank difference inside each cluster's position-sorted window, the
+    official sparsity_cluster_relative (a mutant using token distances there fails), clipped
+    to +-M; outputs of several clusters averaged. Full tensors, float64."""
+    t, m_rel, window = 24, 3, 8
+    cfg = RoutingConfig(
+        routing_heads=1, window=window, clusters=3, cluster_window=10, max_relative_position=m_rel
+    )
+    m = _part(cfg, causal=causal, max_len=t).double().eval()
+    with torch.no_grad():  # tables far from zero, so every term counts
+        for tab in (m.rel_local, m.rel_routing):
+            tab.keys.normal_()
+            tab.values.normal_()
+    x = torch.randn(2, t, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    mask = AttentionMask(causal=causal)
+    out = _run(m, x, mask).out
+    dh = 8
+    q = m.q_proj(x).view(2, t, 2, dh).transpose(1, 2)
+    k = m.k_proj(x).view(2, t, -1, dh).transpose(1, 2)
+    v = m.v_proj(x).view(2, t, 2, dh).transpose(1, 2)
+    pos = torch.arange(t)
+    clip = lambda d: d.clamp(-m_rel, m_rel) + m_rel  # noqa: E731
+    heads = torch.zeros(2, 2, t, dh, dtype=torch.float64)
+    with torch.no_grad():
+        # the local head (index 1): blocks of 8, own and previous block (and next: bidirectional)
+        blk = pos // window
+        near = (blk[None, :] - blk[:, None] >= -1) & (
+            blk[None, :] - blk[:, None] <= (0 if causal else 1)
+        )
+        keep = near & ((pos[None, :] <= pos[:, None]) if causal else True)
+        dist = clip(pos[None, :] - pos[:, None])
+        for b in range(2):
+            heads[b, 1] = _relative_oracle(
+                q[b, 1], k[b, -1], v[b, 1], keep, dist, m.rel_local.keys, m.rel_local.values,
+                dh**-0.5,
+            )  # fmt: skip
+        # the routing head (index 0): shared QK when causal, LayerNorm'd, clusters of 10
+        qn = normalize_qk(q[:, :1], "layernorm")
+        kn = qn if causal else normalize_qk(k[:, :1], "layernorm")
+        mu = m.centroids()
+        q_idx = route((qn @ mu.transpose(-1, -2)).transpose(-1, -2), 10)
+        k_idx = q_idx if causal else route((kn @ mu.transpose(-1, -2)).transpose(-1, -2), 10)
+        for b in range(2):
+            total = torch.zeros(t, dh, dtype=torch.float64)
+            count = torch.zeros(t)
+            for c in range(3):
+                qi, ki = q_idx[b, 0, c], k_idx[b, 0, c]
+                ranks = torch.arange(10)
+                keep_c = (
+                    (ki[None, :] <= qi[:, None]) if causal else torch.ones(10, 10, dtype=torch.bool)
+                )
+                o = _relative_oracle(
+                    qn[b, 0, qi], kn[b, 0, ki], v[b, 0, ki], keep_c,
+                    clip(ranks[None, :] - ranks[:, None]), m.rel_routing.keys,
+                    m.rel_routing.values, 1.0,
+                )  # fmt: skip
+                total[qi] += o
+                count[qi] += 1
+            heads[b, 0] = total / count.clamp_min(1)[:, None]
+        want = m.o_proj(heads.transpose(1, 2).reshape(2, t, 16))
+    assert_close(out, want, rtol=1e-10, atol=1e-10)
+
+
+def test_zero_relative_tables_give_the_layer_without_them():
+    """The degenerate limit of the tables: all zeros is the plain layer, weight for weight
+    (local heads through SDPA, routing heads through the strided kernel there)."""
+    base = RoutingConfig(routing_heads=1, window=8, clusters=3, cluster_window=10)
+    plain = _part(base, max_len=24).double().eval()
+    rel = _part(dataclasses.replace(base, max_relative_position=4), max_len=24).double().eval()
+    with torch.no_grad():
+        for tab in (rel.rel_local, rel.rel_routing):
+            tab.keys.zero_()
+            tab.values.zero_()
+    missing = rel.load_state_dict(plain.state_dict(), strict=False)
+    assert sorted(missing.missing_keys) == [
+        "rel_local.keys", "rel_local.values", "rel_routing.keys", "rel_routing.values"
+    ]  # fmt: skip
+    x = torch.randn(2, 24, 16, dtype=torch.float64)
+    mask = AttentionMask(causal=True)
+    assert_close(_run(rel, x, mask).out, _run(plain, x, mask).out, rtol=1e-12, atol=1e-12)
+    with torch.no_grad():
+        rel.rel_local.keys.normal_()
+    assert (_run(rel, x, mask).out - _run(plain, x, mask).out).abs().max() > 1e-3
+
+
+def test_relative_tables_start_as_the_released_initializer_and_train():
+    """uniform_unit_scaling with gain 0.2 over 2M + 1 rows, kept by the model's init loop; the
+    LM's loss reaches them."""
+    model = create_model(
+        "routing-tiny", attention=RoutingConfig(
+            routing_heads=1, skip_first=1, window=32, clusters=4, max_relative_position=513
+        ),
+    )  # fmt: skip
+    tab = model.blocks[1].attn.rel_routing.keys
+    bound = 0.2 * math.sqrt(3 / 1027)
+    assert tab.shape == (1027, 32) and tab.abs().max() <= bound and tab.abs().max() > 0.9 * bound
+    ids = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(0))
+    model(ids, targets=ids).loss.backward()
+    for block in model.blocks:
+        for name in ("rel_local", "rel_routing"):
+            tabs = getattr(block.attn, name)
+            if tabs is not None:
+                assert tabs.keys.grad.abs().sum() > 0 and tabs.values.grad.abs().sum() > 0

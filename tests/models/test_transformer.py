@@ -106,3 +106,41 @@ def test_scored_only_gives_the_full_heads_loss_and_logits_at_the_scored_position
     torch.testing.assert_close(model.embed.weight.grad, g_full)
     with pytest.raises(ValueError, match="scored_only=True needs targets"):
         model(x, scored_only=True)
+
+
+def test_without_positions_an_encoder_is_permutation_equivariant():
+    """positions="none": nothing but attention carries order, so a bidirectional dense model
+    maps a permuted input to the permuted output (learned positions break it, above)."""
+    torch.manual_seed(0)
+    model = create_model("vanilla-tiny", causal=False, positions="none").double().eval()
+    assert not any(n.startswith("pos.") for n, _ in model.named_parameters())
+    x = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(1))
+    perm = torch.randperm(9, generator=torch.Generator().manual_seed(2))
+    assert_close(model(x[:, perm]).logits, model(x).logits[:, perm], rtol=1e-12, atol=1e-12)
+
+
+def test_the_routing_input_pipeline_options():
+    """token_dropout replaces input tokens (training only; the targets stay), embed_dropout
+    drops embeddings before embed_dense's projection, norm_eps reaches every LayerNorm."""
+    torch.manual_seed(0)
+    model = create_model(
+        "vanilla-tiny", token_dropout=0.5, token_dropout_id=7, embed_dropout=0.3,
+        embed_dense=True, norm_eps=1e-6,
+    )  # fmt: skip
+    assert isinstance(model.embed_proj, torch.nn.Linear) and model.embed_proj.bias is not None
+    assert model.embed_drop.p == 0.3
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)]
+    assert norms and all(m.eps == 1e-6 for m in norms)
+    seen = []
+    model.embed.register_forward_hook(lambda mod, inp, out: seen.append(inp[0].clone()))
+    x = torch.randint(8, 256, (8, 64), generator=torch.Generator().manual_seed(3))
+    model.train()(x, targets=x)
+    dropped = seen[-1] == 7
+    assert 0.4 < dropped.float().mean() < 0.6  # about half, every one replaced by the id
+    assert torch.equal(seen[-1][~dropped], x[~dropped])
+    model.eval()(x)
+    assert torch.equal(seen[-1], x)  # never at evaluation
+    with pytest.raises(ValueError, match="token_dropout must be in"):
+        create_model("vanilla-tiny", token_dropout=1.0)
+    with pytest.raises(ValueError, match="token_dropout_id must be a token id"):
+        create_model("vanilla-tiny", token_dropout_id=256)

@@ -49,6 +49,7 @@ from .base import (
     check_attention_inputs,
 )
 from .registry import register_attention
+from .relative import RelativeTables, relative_attention
 
 __all__ = [
     "LocalConfig",
@@ -335,6 +336,7 @@ def local_attention(
     dropout_p: float = 0.0,
     scale: float | None = None,
     strided: bool | None = None,
+    relative: RelativeTables | None = None,
 ) -> Tensor:
     """Chunked attention over (B, T, H, Dh) queries, keys and values -> (B, T, H, Dh).
 
@@ -345,7 +347,14 @@ def local_attention(
     :func:`strided_unavailable`); ``False``: gather the neighbours into (chunks, K) tiles for
     SDPA (any device; the autograd graph keeps those tiles); ``None``: strided when it can.
     Both compute the same attention with the same kernel.
+    ``relative``: add relative-position key and value embeddings over the token distance
+    (:mod:`effiformer.attention.relative`, the Routing Transformer's local heads): the gathered
+    path with materialised logits.
     """
+    if relative is not None:
+        if strided:
+            raise ValueError("strided local attention cannot take relative positions")
+        strided = False
     why = strided_unavailable(q, dropout_p=dropout_p, key_padding=key_padding)
     if strided and why is not None:
         raise ValueError(f"strided local attention cannot take this call: {why}")
@@ -364,7 +373,7 @@ def local_attention(
 
     qc, kc, vc = chunks(q), chunks(k), chunks(v)
     kn, vn = _neighbours(kc, plan.offsets), _neighbours(vc, plan.offsets)  # (B, n, H, K, Dh)
-    if key_padding is None and plan.regular_from is not None:
+    if key_padding is None and plan.regular_from is not None and relative is None:
         o = _regular_local(qc, kn, vn, plan, dropout_p, scale)  # (B, Tp, H, Dh)
         return o if pad == 0 else o[:, :t]
     keep = plan.keep[None, :, None]  # (1, n, 1, w, K)
@@ -383,14 +392,31 @@ def local_attention(
             diag = torch.zeros_like(keep4)
             diag[..., torch.arange(w, device=q.device), own] = True
             keep4 = keep4 | (diag & empty[..., None])
-    o = F.scaled_dot_product_attention(
-        qc.reshape(b * n, h, w, dh),
-        kn.reshape(b * n, h, kk, dh),
-        vn.reshape(b * n, h, kk, dh),
-        attn_mask=keep4,
-        dropout_p=dropout_p,
-        scale=scale,
-    )  # (B*n, H, w, Dh)
+    if relative is not None:
+        # key slot s of a chunk's neighbourhood lies offsets[s // w] chunks away, at s % w in it:
+        # its distance to query i of the chunk is the same in every chunk
+        slot = torch.arange(kk, device=q.device)
+        offs = torch.tensor(plan.offsets, device=q.device)[slot // w]
+        index = relative.index(torch.arange(w, device=q.device), offs * w + slot % w)  # (w, K)
+        o = relative_attention(
+            qc.reshape(b * n, h, w, dh),
+            kn.reshape(b * n, h, kk, dh),
+            vn.reshape(b * n, h, kk, dh),
+            keep4,
+            index,
+            relative,
+            scale=dh**-0.5 if scale is None else scale,
+            dropout_p=dropout_p,
+        )  # (B*n, H, w, Dh)
+    else:
+        o = F.scaled_dot_product_attention(
+            qc.reshape(b * n, h, w, dh),
+            kn.reshape(b * n, h, kk, dh),
+            vn.reshape(b * n, h, kk, dh),
+            attn_mask=keep4,
+            dropout_p=dropout_p,
+            scale=scale,
+        )  # (B*n, H, w, Dh)
     o = o.view(b, n, h, w, dh).transpose(2, 3).reshape(b, tp, h, dh)  # (B, Tp, H, Dh)
     return o if pad == 0 else o[:, :t]
 

@@ -75,9 +75,11 @@ Deliberate deviations (each is a choice you can see in the code)
   are masked as keys and excluded from the k-means statistics (as the official
   ``embedding_to_padding``) and from the commitment loss (the official mean includes them as
   constants).
-- No relative-position embeddings in either head type (official ``local_relative`` /
-  ``sparsity_cluster_relative`` with ``max_relative_position`` 513, where the routing heads'
-  "relative position" is the rank inside the sorted window); the model's own positions are used.
+- Relative positions (``max_relative_position``, off by default; the released configurations set
+  513 as the official ``local_relative`` / ``sparsity_cluster_relative``): key and value tables
+  shared by the heads of one type (:mod:`effiformer.attention.relative`), over the token distance
+  in the local heads and the rank inside the position-sorted window in the routing heads, as
+  there. They run on the gathered paths with materialised logits (no fused kernel).
   The official extra ``d_head x d_head`` projection shared by all heads before the output
   projection ("allow heads to talk") is omitted: it is linear and absorbed by ``o_proj``.
 - Causality of the *selection*: as in the official training code, the top-``w`` competition runs
@@ -131,6 +133,7 @@ from .local import (
     strided_unavailable,
 )
 from .registry import register_attention
+from .relative import RelativeTables, relative_attention
 
 __all__ = [
     "RoutingConfig",
@@ -166,6 +169,11 @@ class RoutingConfig(AttentionConfig):
         cosines in [-1, 1] and a near-uniform attention).
     decay / epsilon / commitment: k-means EMA decay, Laplace smoothing, commitment weight beta.
     bias: biases on the Q, K, V, O projections (the official projections have none).
+    max_relative_position: relative-position key and value embeddings in both head types
+        (:mod:`effiformer.attention.relative`; official ``local_relative`` and
+        ``sparsity_cluster_relative`` with ``max_relative_position``, 513 in the released
+        models): the token distance in the local heads, the rank inside the cluster's
+        position-sorted window in the routing heads, clipped to +-M; ``None``: none.
     """
 
     name = "routing"
@@ -182,9 +190,12 @@ class RoutingConfig(AttentionConfig):
     epsilon: float = 1e-5
     commitment: float = 1e-4
     bias: bool = False
+    max_relative_position: int | None = None
 
     def __post_init__(self) -> None:
         self._check_positive("window")
+        if self.max_relative_position is not None:
+            self._check_positive("max_relative_position")
         for name in ("routing_heads", "skip_first"):
             v = getattr(self, name)
             if v is None and name == "routing_heads":
@@ -312,6 +323,7 @@ def routed_attention(
     scale: float = 1.0,
     dropout_p: float = 0.0,
     strided: bool | None = None,
+    relative: RelativeTables | None = None,
 ) -> Tensor:
     """Attention within clusters, scattered back to positions.
 
@@ -326,10 +338,17 @@ def routed_attention(
     gathers again in the backward (CPU, float32/64, no dropout, no key padding, and under the
     causal mask shared indices: :func:`strided_unavailable`); ``False``: gather once and let
     autograd keep the gathered tiles; ``None``: strided when it can. Same kernel, same result.
+    ``relative``: relative key and value embeddings over the rank difference inside each
+    cluster's position-sorted window (the official ``sparsity_cluster_relative``); the gathered
+    path with materialised logits.
     """
     b, h, t, dh = v.shape
     kk, w = q_idx.shape[2], q_idx.shape[3]
     shared = q_idx is k_idx or torch.equal(q_idx, k_idx)
+    if relative is not None:
+        if strided:
+            raise ValueError("strided routed attention cannot take relative positions")
+        strided = False
     why = strided_unavailable(q, dropout_p=dropout_p, key_padding=real)
     if why is None and causal and not shared:
         why = "unshared indices need the positional causal mask (the gathered path builds it)"
@@ -343,7 +362,15 @@ def routed_attention(
     vg = _gather(v, k_idx).view(b * h, kk, w, dh)
     keep = None
     has_key = None
-    if causal and shared and real is None:
+    if relative is not None and causal and shared and real is None:
+        # the rank triangle (sorted, distinct positions), explicit for the manual kernel
+        keep = torch.ones(w, w, dtype=torch.bool, device=q.device).tril()
+        ranks = torch.arange(w, device=q.device)
+        o = relative_attention(
+            qg, kg, vg, keep, relative.index(ranks, ranks), relative, scale=scale,
+            dropout_p=dropout_p,
+        )  # fmt: skip
+    elif causal and shared and real is None:
         # Sorted, distinct positions: the rank triangle is the positional causal mask.
         o = F.scaled_dot_product_attention(
             qg, kg, vg, is_causal=True, scale=scale, dropout_p=dropout_p
@@ -364,9 +391,16 @@ def routed_attention(
                 first[..., 0] = True
                 keep = keep | (first & ~has_key[..., None])
             keep = keep.reshape(b * h, kk, w, w)
-        o = F.scaled_dot_product_attention(
-            qg, kg, vg, attn_mask=keep, scale=scale, dropout_p=dropout_p
-        )  # (B*H, K, w, Dh)
+        if relative is not None:
+            ranks = torch.arange(w, device=q.device)
+            o = relative_attention(
+                qg, kg, vg, keep, relative.index(ranks, ranks), relative, scale=scale,
+                dropout_p=dropout_p,
+            )  # fmt: skip
+        else:
+            o = F.scaled_dot_product_attention(
+                qg, kg, vg, attn_mask=keep, scale=scale, dropout_p=dropout_p
+            )  # (B*H, K, w, Dh)
     o = o.view(b, h, kk * w, dh)
     flat = q_idx.reshape(b, h, kk * w)
     if has_key is None:
@@ -477,6 +511,10 @@ class RoutingAttention(AttentionPart):
         self.k_proj = nn.Linear(d, n_keys * dh, bias=config.bias) if n_keys else None
         self.v_proj = nn.Linear(d, h * dh, bias=config.bias)
         self.o_proj = nn.Linear(h * dh, d, bias=config.bias)
+        m = config.max_relative_position
+        # one pair of tables per head type, shared by its heads (the official variable scopes)
+        self.rel_routing = RelativeTables(m, dh) if m and hr else None
+        self.rel_local = RelativeTables(m, dh) if m and self.n_local else None
         self.n_clusters = 0
         if hr:
             if config.clusters is not None:
@@ -572,20 +610,33 @@ class RoutingAttention(AttentionPart):
         v = self.v_proj(x).view(b, t, h, dh).transpose(1, 2)
         k = None if self.k_proj is None else self.k_proj(x).view(b, t, -1, dh).transpose(1, 2)
         keep = None if mask is None else mask.to_bool(t, t, device=x.device)
+        pos = torch.arange(t, device=x.device)
         outs = []
         if hr:
             qn = normalize_qk(q[:, :hr], self.config.qk_norm)
             kn = qn if self.share_qk else normalize_qk(k[:, :hr], self.config.qk_norm)
-            s = self.scale * qn @ kn.transpose(-1, -2)  # (B, H_r, T, T)
-            if keep is not None:
-                s = s.masked_fill(~keep, float("-inf"))
-            outs.append(torch.softmax(s, -1) @ v[:, :hr])
+            if self.rel_routing is not None:  # one cluster of every token: rank = position
+                outs.append(relative_attention(
+                    qn, kn, v[:, :hr], keep, self.rel_routing.index(pos, pos), self.rel_routing,
+                    scale=self.scale,
+                ))  # fmt: skip
+            else:
+                s = self.scale * qn @ kn.transpose(-1, -2)  # (B, H_r, T, T)
+                if keep is not None:
+                    s = s.masked_fill(~keep, float("-inf"))
+                outs.append(torch.softmax(s, -1) @ v[:, :hr])
         if self.n_local:
             kl = k[:, k.shape[1] - self.n_local :]
-            s = q[:, hr:] @ kl.transpose(-1, -2) / math.sqrt(dh)
-            if keep is not None:
-                s = s.masked_fill(~keep, float("-inf"))
-            outs.append(torch.softmax(s, -1) @ v[:, hr:])
+            if self.rel_local is not None:
+                outs.append(relative_attention(
+                    q[:, hr:], kl, v[:, hr:], keep, self.rel_local.index(pos, pos),
+                    self.rel_local, scale=1 / math.sqrt(dh),
+                ))  # fmt: skip
+            else:
+                s = q[:, hr:] @ kl.transpose(-1, -2) / math.sqrt(dh)
+                if keep is not None:
+                    s = s.masked_fill(~keep, float("-inf"))
+                outs.append(torch.softmax(s, -1) @ v[:, hr:])
         o = torch.cat(outs, dim=1).transpose(1, 2).reshape(b, t, h * dh)
         return self.o_proj(o)
 
@@ -625,7 +676,10 @@ class RoutingAttention(AttentionPart):
             outs.append(o.transpose(1, 2))  # (B, T, H_r, Dh)
         if self.n_local:
             # the local heads read q, k, v in place (views of the projection: no copies)
-            o = local_attention(q_l, k_l, v_l, positions.local, key_padding=real, dropout_p=p)
+            o = local_attention(
+                q_l, k_l, v_l, positions.local, key_padding=real, dropout_p=p,
+                relative=self.rel_local,
+            )  # fmt: skip
             outs.append(o)  # (B, T, H_l, Dh)
         del o
         o = torch.cat(outs, dim=2).reshape(b, t, h * dh)  # (B, T, H*Dh)
@@ -676,7 +730,7 @@ class RoutingAttention(AttentionPart):
                 k_idx = route(k_scores.transpose(-1, -2), w, real)
         out = routed_attention(
             qn, kn, v, q_idx, k_idx, causal=plan.causal, real=real, scale=self.scale,
-            dropout_p=dropout_p,
+            dropout_p=dropout_p, relative=self.rel_routing,
         )  # fmt: skip
         if not self.training:
             return out, {}, {}

@@ -17,6 +17,7 @@ __all__ = [
     "LearnedPositions",
     "FactorizedPositions",
     "AxialPositions",
+    "NoPositions",
     "build_positions",
 ]
 
@@ -32,6 +33,15 @@ class SinusoidalPositions(nn.Module):
         t = x.shape[1]
         pos = torch.arange(offset, offset + t, device=x.device)
         return x + sinusoid_table(pos, self.dim).to(x.dtype)[None]
+
+
+class NoPositions(nn.Module):
+    """No absolute positions: (B, T, D) embeddings unchanged. For attention that carries its own
+    (the Routing Transformer's released models: relative positions only, ``add_timing_signal``
+    False)."""
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        return x
 
 
 class LearnedPositions(nn.Module):
@@ -129,12 +139,14 @@ class AxialPositions(nn.Module):
 
 
 def build_positions(kind: str, dim: int, max_len: int, *, stride: int | None = None) -> nn.Module:
-    """``kind``: "sinusoidal", "learned" or "factorized" (which needs ``stride``)."""
-    kinds = ("factorized", "learned", "sinusoidal")
+    """``kind``: "sinusoidal", "learned", "factorized" (which needs ``stride``) or "none"."""
+    kinds = ("factorized", "learned", "sinusoidal", "none")
     if kind not in kinds:
         raise ValueError(f"positions must be one of {list(kinds)}, got {kind!r}")
     if kind == "factorized":
         if stride is None:
             raise ValueError("factorized positions need a stride (the grid's width)")
         return FactorizedPositions(dim, max_len, stride)
+    if kind == "none":
+        return NoPositions()
     return {"sinusoidal": SinusoidalPositions, "learned": LearnedPositions}[kind](dim, max_len)

@@ -14,16 +14,21 @@ attention and FFN dropouts of each config (``attention_dropout``, ``relu_dropout
 the routing heads, local blocks of 256 (``query_shape`` = ``memory_flange`` = 256), decay 0.999,
 commitment 1e-4, clusters x window fixed as released.
 
+Also as released: no absolute positions (``positions="none"``: ``add_timing_signal`` False) and
+relative-position key and value embeddings in both head types (``max_relative_position`` 513:
+the token distance in the local heads, the rank inside the sorted window in the routing heads;
+:mod:`effiformer.attention.relative`); the token embeddings pass through a dense layer with bias
+(``embed_dense``: ``emb_dense``) even when ``embedding_dims`` equals the width; LayerNorm epsilon
+1e-6 (``norm_epsilon``); WikiText-103 replaces input tokens by id 0 with probability 0.25
+(``token_dropout``: ``target_dropout``) and drops its embeddings with 0.4 before ``emb_dense``
+(``embed_dropout``: ``dropout``).
+
 Deviations of these configs from the released models (what the vanilla family does not have):
 
-- positions: learned absolute positions; the official models use none (``add_timing_signal``
-  False) and relative-position embeddings in both head types (``max_relative_position`` 513:
-  the distance in the local heads, the rank inside the sorted window in the routing heads);
-- input: the official model passes the token embeddings through a dense layer (``emb_dense``)
-  even when ``embedding_dims`` equals the width, and WikiText-103 drops whole target tokens
-  (``target_dropout`` 0.25: the token replaced by id 0) and its embeddings (``dropout`` 0.4,
-  before ``emb_dense``); here the embedding is used as is and only the 0.1 input dropout applies;
-- LayerNorm epsilon 1e-5 (tensor2tensor's ``norm_epsilon`` is 1e-6);
+- token dropout: the official id 0 is tensor2tensor's padding id, which the loss also skips;
+  here id 0 is whatever the vocabulary holds there (``token_dropout_id`` chooses another);
+- initialisation: tensor2tensor's ``uniform_unit_scaling`` with gain 0.2 for the relative
+  tables only (the rest uses the family's ``init``);
 - embeddings: tied input/output embeddings (WikiText-103: factorised, ``embed_dim`` 256 with a
   dense layer up to ``dim`` and one back down, as the official ``embedding_dims``; the official
   output layer after that is a separate dense layer, not tied);
@@ -50,7 +55,10 @@ from .transformer import VanillaConfig
 __all__: list[str] = []
 
 #: what every released configuration shares (see the module docstring)
-_RELEASED = dict(norm_first=False, activation="geglu_tanh", ffn_bias=False)
+_RELEASED = dict(
+    norm_first=False, activation="geglu_tanh", ffn_bias=False, positions="none", norm_eps=1e-6,
+    embed_dense=True,
+)  # fmt: skip
 
 register_model(
     "routing-tiny",
@@ -74,7 +82,10 @@ register_model(
     VanillaConfig(
         vocab_size=256, dim=1024, n_heads=8, n_layers=12, ffn_dim=3072, seq_len=8192,
         dropout=0.1, attn_dropout=0.0, ffn_dropout=0.0, **_RELEASED,
-        attention=RoutingConfig(routing_heads=4, window=256, clusters=16, cluster_window=512),
+        attention=RoutingConfig(
+            routing_heads=4, window=256, clusters=16, cluster_window=512,
+            max_relative_position=513,
+        ),
     ),
     "enwik8_local_cluster8k: 12L d1024 post-LN, GEGLU 3072, 4 local + 4 routing heads, 16 "
     "clusters x 512, blocks of 256, 8k context, sublayer dropout 0.1 (paper: 0.99 bpc)",
@@ -83,8 +94,12 @@ register_model(
     "routing-wikitext103",
     VanillaConfig(
         vocab_size=267735, dim=1024, embed_dim=256, n_heads=16, n_layers=14, ffn_dim=3072,
-        seq_len=4096, dropout=0.1, attn_dropout=0.4, ffn_dropout=0.4, **_RELEASED,
-        attention=RoutingConfig(routing_heads=8, window=256, clusters=8, cluster_window=512),
+        seq_len=4096, dropout=0.1, attn_dropout=0.4, ffn_dropout=0.4, embed_dropout=0.4,
+        token_dropout=0.25, **_RELEASED,
+        attention=RoutingConfig(
+            routing_heads=8, window=256, clusters=8, cluster_window=512,
+            max_relative_position=513,
+        ),
     ),
     "wikitext103_local_cluster4k: 14L d1024 (embeddings 256) post-LN, GEGLU 3072, 8 local + 8 "
     "routing heads, 8 clusters x 512, blocks of 256, 4k context, attention and FFN dropout 0.4 "
@@ -96,7 +111,8 @@ register_model(
         vocab_size=32768, dim=1032, n_heads=8, n_layers=22, ffn_dim=4096, seq_len=8192,
         dropout=0.1, attn_dropout=0.0, ffn_dropout=0.0, **_RELEASED,
         attention=RoutingConfig(
-            routing_heads=2, skip_first=21, window=256, clusters=16, cluster_window=512
+            routing_heads=2, skip_first=21, window=256, clusters=16, cluster_window=512,
+            max_relative_position=513,
         ),
     ),
     "pg19_local_cluster8k: 22L d1032 (8 x 129), 6 local + 2 routing heads in the last layer "

@@ -63,7 +63,16 @@ class VanillaConfig(ModelConfig):
     ``dim``), projected up to ``dim`` after the lookup and back down before the (tied) output
     layer, as the Routing Transformer's WikiText-103 model (``embedding_dims`` 256 under
     ``hidden_size`` 1024); ``activation`` also takes the gated ``geglu`` / ``geglu_tanh``
-    (:mod:`effiformer.layers.ffn`); ``ffn_bias``: biases in the FFN's linear layers."""
+    (:mod:`effiformer.layers.ffn`); ``ffn_bias``: biases in the FFN's linear layers;
+    ``positions="none"``: no absolute positions (attention that carries its own, such as the
+    Routing Transformer's relative positions). The Routing Transformer's input pipeline
+    (``sparse_transformer.py`` ``prepare_decoder``), each off by default: ``token_dropout``
+    replaces each input token by ``token_dropout_id`` with that probability in training (its
+    ``target_dropout``; the official id 0 is tensor2tensor's padding id; the loss keeps the
+    original targets), ``embed_dropout`` drops the token embeddings before ``embed_dense`` (its
+    ``dropout``), and ``embed_dense`` projects them by a dense layer with bias even when
+    ``embed_dim`` equals ``dim`` (its ``emb_dense``); ``norm_eps``: every LayerNorm's epsilon
+    (tensor2tensor's ``norm_epsilon`` is 1e-6)."""
 
     family = "vanilla"
 
@@ -78,12 +87,28 @@ class VanillaConfig(ModelConfig):
     ffn_dropout: float | None = None
     embed_dim: int | None = None
     ffn_bias: bool = True
+    token_dropout: float = 0.0
+    token_dropout_id: int = 0
+    embed_dropout: float = 0.0
+    embed_dense: bool = False
+    norm_eps: float = 1e-5
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.embed_dim is not None:
             self._check_positive("embed_dim")
-        self._check_choice("positions", ("sinusoidal", "learned", "factorized"))
+        self._check_choice("positions", ("sinusoidal", "learned", "factorized", "none"))
+        for name in ("token_dropout", "embed_dropout"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
+                raise ConfigError(f"{name} must be in [0, 1), got {v!r}")
+        if not 0 <= self.token_dropout_id < self.vocab_size:
+            raise ConfigError(
+                f"token_dropout_id must be a token id in [0, vocab_size={self.vocab_size}), got "
+                f"{self.token_dropout_id!r}"
+            )
+        if not (isinstance(self.norm_eps, (int, float)) and self.norm_eps > 0):
+            raise ConfigError(f"norm_eps must be a positive number, got {self.norm_eps!r}")
         self._check_choice("activation", (*ACTIVATIONS, *GATED_ACTIVATIONS))
         self._check_choice("init", ("gpt2", "sparse_transformer", "lecun"))
         if self.mem_len != 0:
@@ -134,7 +159,8 @@ class Transformer(EffiModel):
         self.embed = nn.Embedding(c.vocab_size, e)
         self.embed_scale = math.sqrt(e) if c.positions == "sinusoidal" else 1.0
         # Factorised embeddings (embed_dim != dim): E -> D after the lookup, D -> E before the head.
-        self.embed_proj = nn.Linear(e, c.dim) if e != c.dim else nn.Identity()
+        self.embed_proj = nn.Linear(e, c.dim) if e != c.dim or c.embed_dense else nn.Identity()
+        self.embed_drop = nn.Dropout(c.embed_dropout)
         self.head_proj = nn.Linear(c.dim, e) if e != c.dim else nn.Identity()
         self.pos = build_positions(c.positions, c.dim, c.seq_len, stride=c.position_stride)
         ffn_dropout = c.dropout if c.ffn_dropout is None else c.ffn_dropout
@@ -153,12 +179,13 @@ class Transformer(EffiModel):
                     ),  # fmt: skip
                     norm_first=c.norm_first,
                     dropout=c.dropout,
+                    norm_eps=c.norm_eps,
                 )
                 for i in range(c.n_layers)
             ],
             recompute=c.recompute,
         )
-        self.final_norm = nn.LayerNorm(c.dim) if c.norm_first else nn.Identity()
+        self.final_norm = nn.LayerNorm(c.dim, eps=c.norm_eps) if c.norm_first else nn.Identity()
         self.head = nn.Linear(e, c.vocab_size, bias=False)
         self._init_weights()
         if c.tie_embeddings:
@@ -248,7 +275,12 @@ class Transformer(EffiModel):
             causal=self.config.causal,
             key_padding=None if attention_mask is None else attention_mask.to(torch.bool),
         )
-        x = self.embed_proj(self.embed(input_ids) * self.embed_scale)  # (B, T, D)
+        c = self.config
+        if self.training and c.token_dropout > 0:
+            drop = torch.rand(input_ids.shape, device=input_ids.device) < c.token_dropout
+            input_ids = input_ids.masked_fill(drop, c.token_dropout_id)
+        x = self.embed_drop(self.embed(input_ids) * self.embed_scale)
+        x = self.embed_proj(x)  # (B, T, D)
         x = self.drop(self.pos(x, offset=past))
         ctx = PrepareContext(
             tq=t, tk=past + t, mask=mask, device=x.device, dtype=x.dtype, training=self.training
