@@ -50,3 +50,28 @@ def test_no_import_circles(shared_tool):
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "0 import circle(s)" in proc.stdout
+
+
+def test_the_ops_floor_imports_only_torch_and_itself():
+    """ops/ sits below attention/: its modules import torch and each other, nothing else of
+    effiformer (a mechanism importing an op is the only direction)."""
+    import ast
+
+    files = sorted((SRC / "effiformer" / "ops").glob("*.py"))
+    assert files
+    for p in files:
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                name = node.module or ""
+                if node.level:  # relative: only within ops (level 1)
+                    assert node.level == 1, (p.name, name)
+                else:
+                    assert not name.startswith("effiformer") or name.startswith("effiformer.ops"), (
+                        p.name,
+                        name,
+                    )
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    assert not alias.name.startswith("effiformer") or alias.name.startswith(
+                        "effiformer.ops"
+                    ), (p.name, alias.name)

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import AttentionConfig, ConfigError
+from ..ops.flash_cpu import flash_backward, flash_forward, flash_unavailable
 from .base import (
     AttentionDims,
     AttentionMask,
@@ -175,23 +176,17 @@ def _neighbours(t: Tensor, offsets: tuple[int, ...]) -> Tensor:
 # log-sum-exp only, and the backward recomputes the scores block by block as SDPA's own backward
 # does (same kernel, same FLOPs; the neighbour gradients are folded back group by group).
 
-_FLASH_FWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-_FLASH_BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
 _STRIDED_DTYPES = (torch.float32, torch.float64)
 
 
 def strided_unavailable(
     q: Tensor, *, dropout_p: float = 0.0, key_padding: Tensor | None = None
 ) -> str | None:
-    """Why the strided local path cannot take this call, or ``None`` when it can."""
-    if _FLASH_FWD is None or _FLASH_BWD is None:
-        return "this torch build has no CPU flash-attention kernel"
-    if q.device.type != "cpu":
-        return f"it runs the CPU flash-attention kernel (got a {q.device.type} tensor)"
-    if q.dtype not in _STRIDED_DTYPES:
-        return f"it takes float32 or float64 (got {q.dtype})"
-    if dropout_p:
-        return "attention dropout needs the mask SDPA draws (use dropout_p=0)"
+    """Why the strided local path cannot take this call, or ``None`` when it can (the kernel's
+    own reasons, :func:`~effiformer.ops.flash_unavailable`, then the path's)."""
+    why = flash_unavailable(q, dropout_p=dropout_p, dtypes=_STRIDED_DTYPES)
+    if why is not None:
+        return why
     if key_padding is not None:
         return "key padding needs a per-row mask (the gathered path builds it)"
     return None
@@ -271,7 +266,7 @@ class _StridedLocal(torch.autograd.Function):
         lse = q.new_empty(b, t, h)  # (B, T, H): the kernel's own (rows, heads) layout
         for bi in range(b):
             for s in segs:
-                o, lg = _FLASH_FWD(
+                o, lg = flash_forward(
                     _blocks(q, bi, s.q0, s.m, s.q_len, s.q_len),
                     _blocks(k, bi, s.k0, s.m, s.q_len, s.k_len),
                     _blocks(v, bi, s.k0, s.m, s.q_len, s.k_len),
@@ -297,7 +292,7 @@ class _StridedLocal(torch.autograd.Function):
         dv = torch.zeros_like(v, memory_format=torch.contiguous_format)
         for bi in range(b):
             for s in ctx.segs:
-                gq, gk, gv = _FLASH_BWD(
+                gq, gk, gv = flash_backward(
                     _blocks(grad, bi, s.q0, s.m, s.q_len, s.q_len),
                     _blocks(q, bi, s.q0, s.m, s.q_len, s.q_len),
                     _blocks(k, bi, s.k0, s.m, s.q_len, s.k_len),

@@ -81,6 +81,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import AttentionConfig, ConfigError
+from ..ops.flash_cpu import flash_backward, flash_forward, flash_unavailable
 from .base import (
     AttentionDims,
     AttentionMask,
@@ -247,17 +248,6 @@ def sort_buckets(buckets: Tensor) -> tuple[Tensor, Tensor]:
 # ------------------------------------------------------------------------------- chunked core
 
 
-def _fused_cpu_ops():
-    try:
-        return (
-            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
-            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
-        )
-    except (AttributeError, RuntimeError):  # an older or stripped build: the portable path
-        return None
-
-
-_FUSED_CPU = _fused_cpu_ops()
 #: Slots (per stream x streams) whose sorted outputs are combined together (a group of streams).
 _GROUP_SLOTS = 1 << 16
 #: Elements of one block of (chunk queries x window keys) logits.
@@ -433,7 +423,7 @@ def _dropout_generator(seed: int | None, device: torch.device) -> torch.Generato
 def _use_fused(q: Tensor, dropout_p: float, impl: str) -> bool:
     if impl == "manual":
         return False
-    ok = _FUSED_CPU is not None and q.device.type == "cpu" and dropout_p == 0.0
+    ok = flash_unavailable(q, dropout_p=dropout_p) is None
     if impl == "fused" and not ok:
         raise ValueError(
             "impl='fused' needs the CPU flash-attention kernel, a CPU tensor and no dropout"
@@ -478,7 +468,7 @@ class _LSHCore(torch.autograd.Function):
                     _, _, qb, kw, vw = _block_inputs(lay, gr, a, b, q, k, v)
                     bias = _bias(lay, gr, a, b, q.dtype if fused else acc)
                     if fused:
-                        out, lse = _FUSED_CPU[0](qb, kw, vw, 0.0, False, attn_mask=bias, scale=1.0)
+                        out, lse = flash_forward(qb, kw, vw, 0.0, False, attn_mask=bias, scale=1.0)
                     else:
                         s = torch.matmul(qb, kw.transpose(-1, -2)).to(acc) + bias  # (g,n,c,W)
                         lse = torch.logsumexp(s, dim=-1)
@@ -524,7 +514,7 @@ class _LSHCore(torch.autograd.Function):
                     lse = _chunks(lse_s, lay, a, b)
                     bias = _bias(lay, gr, a, b, q.dtype if fused else acc)
                     if fused:
-                        gq, gk, gv = _FUSED_CPU[1](
+                        gq, gk, gv = flash_backward(
                             gb, qb, kw, vw, ob, lse, 0.0, False, attn_mask=bias, scale=1.0
                         )
                     else:

@@ -116,6 +116,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import AttentionConfig, ConfigError
+from ..ops.flash_cpu import flash_backward, flash_forward
 from .base import (
     AttentionDims,
     AttentionMask,
@@ -125,8 +126,6 @@ from .base import (
     check_attention_inputs,
 )
 from .local import (
-    _FLASH_BWD,
-    _FLASH_FWD,
     LocalPlan,
     local_attention,
     make_plan,
@@ -433,7 +432,7 @@ class _StridedRouted(torch.autograd.Function):
             qg = _gather(q, qi).view(b * h * m, 1, w, dh)  # (B*H*Kg, 1, w, Dh)
             kg = qg if same else _gather(k, ki).view(b * h * m, 1, w, dh)
             vg = _gather(v, ki).view(b * h * m, 1, w, dh)
-            o, lg = _FLASH_FWD(qg, kg, vg, 0.0, causal, scale=scale)  # (B*H*Kg, 1, w, Dh)
+            o, lg = flash_forward(qg, kg, vg, 0.0, causal, scale=scale)  # (B*H*Kg, 1, w, Dh)
             qf = qi.reshape(b, h, m * w)
             out.scatter_add_(2, qf[..., None].expand(b, h, m * w, dh), o.view(b, h, m * w, dh))
             count.scatter_add_(2, qf, v.new_ones(b, h, m * w))
@@ -467,7 +466,7 @@ class _StridedRouted(torch.autograd.Function):
             qg = _gather(q, qi).view(b * h * m, 1, w, dh)  # (B*H*Kg, 1, w, Dh)
             kg = qg if same else _gather(k, ki).view(b * h * m, 1, w, dh)
             vg = _gather(v, ki).view(b * h * m, 1, w, dh)
-            gq, gk, gv = _FLASH_BWD(
+            gq, gk, gv = flash_backward(
                 go.view(b * h * m, 1, w, dh), qg, kg, vg, o, lg, 0.0, ctx.causal, scale=ctx.scale
             )  # (B*H*Kg, 1, w, Dh) x 3
             if same:

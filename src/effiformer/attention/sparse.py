@@ -95,6 +95,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from ..config import AttentionConfig, ConfigError
+from ..ops.flash_cpu import flash_backward, flash_forward, flash_unavailable
 from .base import (
     AttentionDims,
     AttentionMask,
@@ -238,14 +239,8 @@ def masked_attention(
 # ------------------------------------------------------------------------------ tile kernels
 
 
-_CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-_CPU_FLASH_BWD = getattr(
-    torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None
-)
-
-
 def _use_cpu_flash(q: Tensor) -> bool:
-    return q.device.type == "cpu" and _CPU_FLASH is not None and _CPU_FLASH_BWD is not None
+    return flash_unavailable(q) is None
 
 
 def _kernel_forward(
@@ -254,7 +249,7 @@ def _kernel_forward(
     """(B', H', Tq, Dh) x (B', H', Tk, Dh) -> out (B', H', Tq, Dh), lse (B', H', Tq).
     ``causal``: top-left aligned (key kj <= query qi); ``mask``: additive, broadcastable."""
     if _use_cpu_flash(q):
-        return _CPU_FLASH(q, k, v, 0.0, causal, attn_mask=mask, scale=scale)
+        return flash_forward(q, k, v, 0.0, causal, attn_mask=mask, scale=scale)
     s = _math_scores(q, k, causal, mask, scale)  # (B', H', Tq, Tk)
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - lse.masked_fill(torch.isneginf(lse), 0.0)[..., None])
@@ -274,7 +269,7 @@ def _kernel_backward(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients of one call given the *merged* output ``o`` and log-sum-exp ``lse`` (finite)."""
     if _use_cpu_flash(q):
-        return _CPU_FLASH_BWD(do, q, k, v, o, lse, 0.0, causal, attn_mask=mask, scale=scale)
+        return flash_backward(do, q, k, v, o, lse, 0.0, causal, attn_mask=mask, scale=scale)
     s = _math_scores(q, k, causal, mask, scale)
     p = torch.exp(s - lse[..., None])  # (B', H', Tq, Tk)
     dv = p.transpose(-1, -2) @ do
