@@ -162,6 +162,32 @@ def test_another_plan_in_the_same_folder_is_refused_and_nothing_is_lost(tmp_path
     assert (out / "results.jsonl").read_text() == before
 
 
+def test_a_changed_budget_of_another_task_does_not_block_resuming(tmp_path, monkeypatch, capsys):
+    """The plan is checked where this run's cells depend on it: a folder that ran MQAR resumes
+    after the LM budget changed, and refuses once MQAR's own budget changed."""
+    import dataclasses
+
+    from effiformer.bench import quality
+
+    out = tmp_path / "q"
+    argv = ["bench", "--part", "quality", "--budget", "smoke", "--tasks", "mqar",
+            "--attention", "dense", "--out", str(out), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    smoke = quality.BUDGETS["smoke"]
+    lm = dataclasses.replace(smoke.tasks["lm-ptb"], steps=5)
+    monkeypatch.setitem(quality.BUDGETS, "smoke", dataclasses.replace(
+        smoke, tasks={**smoke.tasks, "lm-ptb": lm}))  # fmt: skip
+    assert main(argv) == 0  # the finished cell is skipped, nothing refused
+    saved = json.loads((out / "quality.json").read_text())
+    assert saved["budget"]["tasks"]["lm-ptb"]["steps"] == 4  # not this run's task: kept
+    mq = dataclasses.replace(smoke.tasks["mqar"], steps=7)
+    monkeypatch.setitem(quality.BUDGETS, "smoke", dataclasses.replace(
+        smoke, tasks={**smoke.tasks, "mqar": mq}))  # fmt: skip
+    capsys.readouterr()
+    assert main(argv) == 2
+    assert "another plan (mqar's budget differ)" in capsys.readouterr().err
+
+
 def test_quality_flags_are_refused_outside_quality(capsys):
     assert main(["bench", "--tasks", "mqar"]) == 2
     assert "--tasks only apply to --part quality" in capsys.readouterr().err

@@ -625,7 +625,7 @@ def run_quality(
     for k in ("jobs", "threads", "description"):
         budget_dict.pop(k)
     manifest = {"budget": budget_dict, "steps": steps}
-    _check_manifest(out, manifest, force)
+    manifest = _check_manifest(out, manifest, force, sorted({t for t, _ in pairs}))
     out.mkdir(parents=True, exist_ok=True)
     if force:
         import shutil
@@ -760,25 +760,41 @@ def _data_dir(data: str | Path | None, lm_tasks: list[str]) -> str | None:
     return str(Path(folder).resolve())
 
 
-def _check_manifest(out: Path, manifest: dict[str, Any], force: bool) -> None:
+def _check_manifest(
+    out: Path, manifest: dict[str, Any], force: bool, tasks: list[str]
+) -> dict[str, Any]:
+    """Refuse a folder whose saved plan differs from this run's where this run's cells depend
+    on it: the model, the steps override, and the budgets of the ``tasks`` run now (a task
+    the folder has not run yet, or another task's budget changed since, is no conflict).
+    Returns the manifest to write: the saved one with this run's tasks set."""
     path = out / MANIFEST
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {str(out)!r} is a file, not a folder")
+    new = json.loads(json.dumps(manifest, default=str))
     if force or not path.is_file():
         if not force and (out / RESULTS).is_file():
             raise ValueError(
                 f"{out} holds results.jsonl but no {MANIFEST} (not a quality run); choose "
                 "another --out or pass --force to replace it"
             )
-        return
+        return new
     old = json.loads(path.read_text())
-    saved = json.loads(json.dumps(manifest, default=str))
-    if old != saved:
-        keys = sorted(k for k in set(old) | set(saved) if old.get(k) != saved.get(k))
+    old_tasks = dict((old.get("budget") or {}).get("tasks") or {})
+    new_tasks = new["budget"]["tasks"]
+    differ = [k for k in ("steps",) if old.get(k) != new.get(k)]
+    old_model = {k: v for k, v in (old.get("budget") or {}).items() if k != "tasks"}
+    new_model = {k: v for k, v in new["budget"].items() if k != "tasks"}
+    differ += sorted(f"budget.{k}" for k in set(old_model) | set(new_model)
+                     if old_model.get(k) != new_model.get(k))  # fmt: skip
+    differ += [f"{t}'s budget" for t in tasks if t in old_tasks and old_tasks[t] != new_tasks[t]]
+    if differ:
         raise ValueError(
-            f"{out} holds a quality run with another plan ({', '.join(keys)} differ); resume "
+            f"{out} holds a quality run with another plan ({', '.join(differ)} differ); resume "
             "it with the same settings, choose another --out, or pass --force to start over"
         )
+    merged = dict(old)
+    merged["budget"] = {**old_model, "tasks": {**old_tasks, **{t: new_tasks[t] for t in tasks}}}
+    return merged
 
 
 # ---------------------------------------------------------------------------------- report
