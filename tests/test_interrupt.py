@@ -71,10 +71,19 @@ def _start_and_signal(
             break
         time.sleep(0.01)
     assert proc.poll() is None, "the run ended before it could be interrupted"
-    for i in range(signals):
-        proc.send_signal(signal.SIGINT)
-        if i + 1 < signals:
-            time.sleep(0.002)
+    proc.send_signal(signal.SIGINT)
+    proc.early_stderr = ""  # type: ignore[attr-defined]
+    if signals > 1:
+        # Two SIGINTs sent before the process is scheduled coalesce into one (a loaded machine
+        # does that): send the second once the handler has said it took the first.
+        early = []
+        for line in proc.stderr:
+            early.append(line)
+            if "effiformer train: interrupted" in line:
+                break
+        for _ in range(signals - 1):
+            proc.send_signal(signal.SIGINT)
+        proc.early_stderr = "".join(early)  # type: ignore[attr-defined]
     return proc
 
 
@@ -108,11 +117,20 @@ def test_ctrl_c_checkpoints_prints_the_resume_command_and_resume_is_exact(tmp_pa
 
 
 def test_a_second_ctrl_c_exits_at_once_and_leaves_the_run_consistent(tmp_path, text):
-    run = tmp_path / "run"
-    proc = _start_and_signal(text, run, signals=2)
-    _, stderr = proc.communicate(timeout=240)
-    assert proc.returncode == 130
-    assert "Traceback" not in stderr
-    assert "effiformer train: interrupted again: exiting now" in stderr
-    if (run / LATEST).exists():  # whatever was written is complete
-        verify_checkpoint(resolve_checkpoint(run))
+    # The second SIGINT must land while the first is being handled (the rest of a step and
+    # the save, milliseconds): a loaded machine can deliver it after the save has finished,
+    # so up to three tries; every try leaves the run consistent.
+    outcomes = []
+    for attempt in range(3):
+        run = tmp_path / f"run{attempt}"
+        proc = _start_and_signal(text, run, signals=2)
+        _, stderr = proc.communicate(timeout=240)
+        stderr = proc.early_stderr + stderr
+        assert proc.returncode == 130
+        assert "Traceback" not in stderr
+        if (run / LATEST).exists():  # whatever was written is complete
+            verify_checkpoint(resolve_checkpoint(run))
+        outcomes.append("effiformer train: interrupted again: exiting now" in stderr)
+        if outcomes[-1]:
+            break
+    assert any(outcomes), "the second Ctrl-C never arrived during the first's save"

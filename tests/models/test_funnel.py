@@ -230,7 +230,11 @@ def test_task_heads_give_losses_and_gradients(kind):
     assert out.loss.dim() == 0 and torch.isfinite(out.loss)
     out.loss.backward()
     for name, p in model.named_parameters():
-        if name.startswith("head.") or name.endswith("embed.weight"):
+        if kind == "choice" and name == "head.out.bias":
+            # one bias added to every choice's score: the softmax over the choices does not
+            # see it, so its gradient is zero in exact arithmetic (float32 leaves ~0 or 0)
+            assert p.grad is not None and p.grad.abs().max() < 1e-6, name
+        elif name.startswith("head.") or name.endswith("embed.weight"):
             assert p.grad is not None and p.grad.abs().sum() > 0, name
 
 
