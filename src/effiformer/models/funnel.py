@@ -75,7 +75,7 @@ from ..layers.pooling import (
 )
 from ..recipes import FUNNEL_RECIPE, register_recipe
 from ..registry import register_family, register_model
-from .base import IGNORE_INDEX, EffiModel, ModelOutput, lm_loss
+from .base import IGNORE_INDEX, EffiModel, ModelOutput, lm_loss, register_output
 from .classifier import register_classifier
 
 __all__ = [
@@ -681,6 +681,7 @@ class FunnelForQuestionAnswering(_FunnelBase):
         return _carried(out, inner, "funnel.")
 
 
+@register_output
 @dataclass
 class ElectraOutput(ModelOutput):
     """ModelOutput plus the ELECTRA parts: generator MLM loss, discriminator loss, the corrupted
