@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -28,13 +29,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cell", required=True, help="cell id, e.g. mqar/dense/T1024/lr0.001/s0")
     p.add_argument("--steps", type=int, required=True, help="train the cell on to this step")
     p.add_argument("--out", required=True)
+    p.add_argument(
+        "--data",
+        default=os.environ.get("EFFIFORMER_DATA", "../shared/data"),
+        help="LM cells: the data folder holding ptb/ and tinyshakespeare/ (default: "
+        "$EFFIFORMER_DATA or ../shared/data)",
+    )
     args = p.parse_args(argv)
     src, out = Path(args.src), Path(args.out)
     manifest = json.loads((src / "quality.json").read_text())
     budget = BUDGETS[manifest["budget"]["name"]]
     task, mech, length, lr, seed = args.cell.split("/")
     cell = _make_cell(budget, task, mech, int(length[1:]), float(lr[2:]), int(seed[1:]),
-                      args.steps, data=None, out=None)  # fmt: skip
+                      args.steps, data=args.data if task.startswith("lm") else None,
+                      out=None)  # fmt: skip
     run_dir = out / "cell"
     if not (run_dir / "latest").exists():
         shutil.copytree(src / "cells" / args.cell.replace("/", "_"), run_dir, dirs_exist_ok=True)
