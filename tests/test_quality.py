@@ -269,3 +269,48 @@ def test_a_budget_can_give_longer_sequences_more_steps():
     assert _make_cell(b, "mqar", "dense", 1024, 1e-3, 0, None, data=None)["steps"] == 24000
     assert _make_cell(b, "mqar", "dense", 256, 1e-3, 0, None, data=None)["steps"] == 8000
     assert _make_cell(b, "mqar", "dense", 1024, 1e-3, 0, 50, data=None)["steps"] == 50
+
+
+# ------------------------------------------------------------------ equal compute (issue 25)
+
+
+def test_equal_compute_allocates_the_steps_that_fit_the_same_quiet_seconds():
+    from effiformer.bench.quality import allocate_steps, loaded
+
+    table = {"lm/dense/T4096": 0.2, "lm/local/T4096": 0.05, "lm/xl/T4096": 0.7}
+    assert allocate_steps(table, 900) == {
+        "lm/dense/T4096": 4500, "lm/local/T4096": 18000, "lm/xl/T4096": 1285
+    }  # fmt: skip
+    assert allocate_steps({"a": 10.0}, 5) == {"a": 1}  # never zero steps
+    with pytest.raises(ValueError, match="positive number of seconds"):
+        allocate_steps(table, 0)
+    with pytest.raises(ValueError, match="lm/x: a step time must be a positive number"):
+        allocate_steps({"lm/x": float("nan")}, 10)
+    quiet = {"loadavg": [1.1, 1.0, 1.0], "cpu_count": 2, "threads": 1}
+    busy = {"loadavg": [3.4, 3.0, 2.5], "cpu_count": 2, "threads": 1}
+    assert not loaded(quiet) and loaded(busy)
+
+
+def test_an_equal_time_run_times_each_pair_once_and_trains_its_allocation(tmp_path, caplog):
+    from effiformer.bench.quality import allocate_steps, run_quality
+
+    out = tmp_path / "eq"
+    kw = dict(budget="smoke", out=out, plot=False, progress=False, equal_time=0.4)
+    recs = run_quality(["mqar"], ["dense", "local"], **kw)
+    timing = json.loads((out / "timing.json").read_text())
+    assert sorted(timing) == ["mqar/dense/T64", "mqar/local/T64"]
+    want = allocate_steps({k: v["step_s"] for k, v in timing.items()}, 0.4)
+    for r in recs:
+        assert r["status"] == "ok"
+        key = f"mqar/{r['mechanism']}/T64"
+        assert r["steps"] == r["steps_done"] == want[key]
+        assert r["equal_time"] == {"seconds": 0.4, "step_s_quiet": timing[key]["step_s"]}
+    assert json.loads((out / "quality.json").read_text())["equal_time"] == 0.4
+    # resuming times nothing again and trains nothing again
+    before = (out / "timing.json").read_text(), (out / "results.jsonl").read_text()
+    run_quality(["mqar"], ["dense", "local"], **kw)
+    assert ((out / "timing.json").read_text(), (out / "results.jsonl").read_text()) == before
+    with pytest.raises(ValueError, match="another plan \\(equal_time differ\\)"):
+        run_quality(["mqar"], ["dense"], **{**kw, "equal_time": 0.8})
+    with pytest.raises(ValueError, match="give steps or equal_time, not both"):
+        run_quality(["mqar"], ["dense"], **{**kw, "out": tmp_path / "other"}, steps=3)

@@ -5,7 +5,9 @@ runs :func:`effiformer.bench.quality.run_quality_cell`). Run benchmarks with ``e
 import sys
 
 from .cell import cell_main
-from .quality import run_quality_cell
+from .quality import run_quality_cell, run_quality_timing
 
 if __name__ == "__main__":
-    sys.exit(cell_main(sys.argv[1:], {"quality": run_quality_cell}))
+    sys.exit(
+        cell_main(sys.argv[1:], {"quality": run_quality_cell, "quality-timing": run_quality_timing})
+    )

@@ -583,6 +583,81 @@ def _best_lr(
     return max(ok, key=key)["lr"]
 
 
+TIMING = "timing.json"
+#: steps a timing cell runs, and how many of its first steps it leaves out of the median
+TIMING_STEPS, TIMING_SKIP = 12, 4
+
+
+#: the metric a timing cell's evaluation reports (nothing is evaluated)
+TIMING_METRIC = "timing_only"
+
+
+class _NoEval:
+    """A task whose ``evaluate`` returns nothing measured: a timing cell's trainer then spends
+    its time on training steps only (the trainer evaluates at the end of every run)."""
+
+    def __init__(self, task: Any) -> None:
+        self._task = task
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._task, name)
+
+    def evaluate(self, model: Any, split: str = "valid", **kw: Any) -> dict[str, float]:
+        return {TIMING_METRIC: float("nan")}
+
+
+def run_quality_timing(cell: dict[str, Any]) -> dict[str, Any]:
+    """Time a cell's training step (in its own process, the cell's threads, shapes and recipe):
+    ``TIMING_STEPS`` steps through the trainer, the median ``step_s`` of all but the first
+    ``TIMING_SKIP``, with the machine's load average when measured."""
+    from ..train import TrainConfig, train
+
+    torch.set_num_threads(int(cell["threads"]))
+    task, model = _task_setup(cell)
+    config = TrainConfig(
+        steps=TIMING_STEPS, lr=float(cell["lr"]), warmup=1, weight_decay=0.0, betas=(0.9, 0.98),
+        clip=1.0, schedule="constant", seed=int(cell["seed"]), device=cell["device"],
+        bf16=cell.get("dtype") == "bfloat16", eval_every=None, checkpoint_every=None,
+        out_dir=None, progress=False, log_every=1,
+    )  # fmt: skip
+    model.to(cell["device"])
+    history = train(model, _NoEval(task), config)
+    times = [r["step_s"] for r in history.train if "step_s" in r][TIMING_SKIP:]
+    return {
+        "step_s": statistics.median(times),
+        "steps_timed": len(times),
+        "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "cpu_count": os.cpu_count(),
+    }
+
+
+def timing_key(task: str, mechanism: str, length: int) -> str:
+    return f"{task}/{mechanism}/T{length}"
+
+
+def allocate_steps(
+    step_s: dict[str, float], seconds: float, *, min_steps: int = 1
+) -> dict[str, int]:
+    """Equal compute from a timing table: each key's step time -> the whole steps that fit
+    ``seconds`` of that (quiet-machine) time, at least ``min_steps``."""
+    if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"the time budget must be a positive number of seconds, got {seconds!r}")
+    out = {}
+    for key, t in step_s.items():
+        if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
+            raise ValueError(f"{key}: a step time must be a positive number, got {t!r}")
+        # floor of the ratio, forgiving the last bit (900 // 0.05 is 17999.0 in floating point)
+        out[key] = max(min_steps, math.floor(seconds / t * (1 + 1e-12)))
+    return out
+
+
+def loaded(timing: dict[str, Any], threshold: float = 0.5) -> bool:
+    """Whether a timing was measured on a loaded machine: a 1-minute load average above
+    ``threshold`` of the cores besides the timing process's own threads."""
+    load, cores = timing.get("loadavg"), timing.get("cpu_count") or 1
+    return bool(load) and load[0] > timing.get("threads", 1) + threshold * cores
+
+
 def run_quality(
     tasks: Sequence[str] | None = None,
     mechanisms: Sequence[str] | None = None,
@@ -601,9 +676,14 @@ def run_quality(
     progress: bool = True,
     cell_timeout: float | None = None,
     on_record: Callable[[dict[str, Any]], None] | None = None,
+    equal_time: float | None = None,
 ) -> list[dict[str, Any]]:
     """Plan, run (resuming ``out``), report; returns every record of the plan (see the module
-    docstring). ``lr`` skips the sweep and trains every cell at that rate."""
+    docstring). ``lr`` skips the sweep and trains every cell at that rate. ``equal_time``:
+    equal compute instead of equal steps: each (task, mechanism, length) is first timed, one at
+    a time (``OUT/timing.json``, kept for resuming; the load average is recorded with each
+    timing and a loaded machine is warned about), then trains the steps that fit that many
+    seconds of its measured step time (:func:`allocate_steps`)."""
     from .harness import _run_cell_process, environment
 
     if isinstance(budget, str) and budget not in BUDGETS:
@@ -625,6 +705,11 @@ def run_quality(
     for k in ("jobs", "threads", "description"):
         budget_dict.pop(k)
     manifest = {"budget": budget_dict, "steps": steps}
+    if equal_time is not None:
+        if steps is not None:
+            raise ValueError("give steps or equal_time, not both")
+        allocate_steps({"check": 1.0}, equal_time)  # refuses a bad budget before anything runs
+        manifest["equal_time"] = equal_time
     manifest = _check_manifest(out, manifest, force, sorted({t for t, _ in pairs}))
     out.mkdir(parents=True, exist_ok=True)
     if force:
@@ -685,9 +770,31 @@ def run_quality(
         base = {k: c[k] for k in ("cell", "phase", "task", "mechanism", "length", "seed", "lr",
                                   "steps", "batch", "settings", "model", "overrides")}  # fmt: skip
         base.update(metric=TASKS[c["task"]][1], budget=b.name, env=env)
+        if "equal_time" in c:  # the quiet step time the steps were allocated from
+            base["equal_time"] = c["equal_time"]
         if "error" in res:
             return {**base, "status": "error", "error": res["error"]}
         return {**base, **res}
+
+    alloc: dict[str, int] = {}
+    timings: dict[str, Any] = {}
+    if equal_time is not None:
+        timings = _time_cells(b, pairs, lengths, lr, out, data_dir, cell_timeout, progress)
+        alloc = allocate_steps({k: v["step_s"] for k, v in timings.items()}, equal_time)
+
+    def cell_steps(t: str, m: str, length: int) -> int | None:
+        return alloc.get(timing_key(t, m, length), steps)
+
+    def make(t, m, length, r, s, phase="main"):
+        c = _make_cell(b, t, m, length, r, s, cell_steps(t, m, length), data=data_dir, out=out,
+                       phase=phase)  # fmt: skip
+        if equal_time is not None:
+            c["eval_every"] = max(1, c["steps"] // 10)
+            c["equal_time"] = {
+                "seconds": equal_time,
+                "step_s_quiet": timings[timing_key(t, m, length)]["step_s"],
+            }
+        return c
 
     all_cells: list[dict[str, Any]] = []
     n_seeds = {t: seeds or b.tasks[t].seeds for t in {t for t, _ in pairs}}
@@ -701,8 +808,7 @@ def run_quality(
             if len(rates) > 1:
                 for m in mechs:
                     for r in rates:
-                        sweep.append(_make_cell(b, t, m, t_lengths[0], r, 0, steps,
-                                                data=data_dir, out=out, phase="sweep"))  # fmt: skip
+                        sweep.append(make(t, m, t_lengths[0], r, 0, phase="sweep"))
                 execute(sweep, f"{t}: learning-rate sweep")
                 all_cells += sweep
             main = []
@@ -716,8 +822,7 @@ def run_quality(
                             best = rates[len(rates) // 2] if best is None else best
                         else:
                             best = rates[0]
-                        main.append(_make_cell(b, t, m, length, best, s, steps, data=data_dir,
-                                               out=out))  # fmt: skip
+                        main.append(make(t, m, length, best, s))
             main = [c for c in main if c["cell"] not in {x["cell"] for x in sweep}]
             execute(main, f"{t}: cells")
             all_cells += main
@@ -728,6 +833,57 @@ def run_quality(
         raise QualityInterrupted(finished, len(all_cells), out) from None
     _report(out, done, plot)
     return [done[c["cell"]] for c in all_cells if c["cell"] in done]
+
+
+def _time_cells(
+    b: QualityBudget,
+    pairs: list[tuple[str, str]],
+    lengths: Sequence[int] | None,
+    lr: float | None,
+    out: Path,
+    data_dir: str | None,
+    cell_timeout: float | None,
+    progress: bool,
+) -> dict[str, Any]:
+    """Time every (task, mechanism, length) of the plan that ``OUT/timing.json`` lacks, one at a
+    time (never two timing processes at once, whatever ``jobs`` is); returns the table."""
+    from .harness import _run_cell_process
+
+    path = out / TIMING
+    table: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
+    todo = []
+    for t, m in pairs:
+        for length in lengths or b.tasks[t].lengths:
+            key = timing_key(t, m, length)
+            if key not in table:
+                rate = lr if lr is not None else b.tasks[t].lrs[0]
+                cell = _make_cell(b, t, m, length, rate, 0, TIMING_STEPS, data=data_dir, out=out)
+                cell.update(
+                    kind="quality-timing", run_dir=str(out / "timing" / key.replace("/", "_"))
+                )
+                todo.append((key, cell))
+    bar = _bar(len(todo), "timing each step (one at a time)", progress)
+    try:
+        for key, cell in todo:
+            Path(cell["run_dir"]).mkdir(parents=True, exist_ok=True)
+            res = _run_cell_process(cell, cell_timeout)
+            if "error" in res:
+                raise ValueError(f"timing {key} failed: {res['error']}")
+            table[key] = {**res, "threads": b.threads}
+            path.write_text(json.dumps(table, indent=1) + "\n")
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    busy = sorted(k for k, v in table.items() if loaded(v))
+    if busy:
+        logger.warning(
+            "%d step timing(s) were measured on a loaded machine (%s): equal-compute budgets "
+            "from them are not comparable; delete %s and rerun on a quiet machine",
+            len(busy), ", ".join(busy[:4]) + (" ..." if len(busy) > 4 else ""), path,
+        )  # fmt: skip
+    return table
 
 
 def _short(rec: dict[str, Any]) -> str:
@@ -781,7 +937,7 @@ def _check_manifest(
     old = json.loads(path.read_text())
     old_tasks = dict((old.get("budget") or {}).get("tasks") or {})
     new_tasks = new["budget"]["tasks"]
-    differ = [k for k in ("steps",) if old.get(k) != new.get(k)]
+    differ = [k for k in ("steps", "equal_time") if old.get(k) != new.get(k)]
     old_model = {k: v for k, v in (old.get("budget") or {}).items() if k != "tasks"}
     new_model = {k: v for k, v in new["budget"].items() if k != "tasks"}
     differ += sorted(f"budget.{k}" for k in set(old_model) | set(new_model)
@@ -973,10 +1129,18 @@ def plot_quality(records: list[dict[str, Any]], out: Path) -> list[Path]:
                     continue
                 r = cand[0]
                 steps_, secs, vals = zip(*r["curve"], strict=True)
+                quiet = (r.get("equal_time") or {}).get("step_s_quiet")
+                if quiet is not None:  # equal compute: the quiet-machine estimate
+                    secs = tuple(st * quiet for st in steps_)
                 axes[i][0].plot(steps_, vals, label=m)
                 axes[i][1].plot(secs, vals, label=m)
             axes[i][0].set_xlabel("optimizer step")
-            axes[i][1].set_xlabel("training seconds (sum of step times; see docs/quality.md)")
+            timed = any((r.get("equal_time") or {}).get("step_s_quiet") for r in lm)
+            axes[i][1].set_xlabel(
+                "estimated quiet seconds (step x the step time measured alone)"
+                if timed
+                else "training seconds (sum of step times; see docs/quality.md)"
+            )
             for ax in axes[i]:
                 ax.set_ylabel(f"{t}: validation bpc")
             axes[i][0].legend(fontsize=7, ncol=2)

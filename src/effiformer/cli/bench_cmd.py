@@ -103,6 +103,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     q.add_argument("--jobs", type=positive_int, default=None, help="cells run in parallel")
     q.add_argument(
+        "--equal-time", type=positive_float, default=None, metavar="SECONDS",
+        help="equal compute instead of equal steps: time each mechanism's step alone first "
+        "(OUT/timing.json; run on a quiet machine), then give each the steps that fit SECONDS "
+        "of its own step time",
+    )  # fmt: skip
+    q.add_argument(
         "--data", default=None, metavar="DIR",
         help="folder holding ptb/ and tinyshakespeare/ for the lm-* tasks (default: "
         "$EFFIFORMER_DATA)",
@@ -180,7 +186,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 def _check_part_flags(args: argparse.Namespace) -> str | None:
     quality_only = [f for f, v in (("--tasks", args.tasks), ("--attention", args.mechanisms),
                                    ("--seeds", args.seeds), ("--lr", args.lr),
-                                   ("--jobs", args.jobs), ("--data", args.data))
+                                   ("--jobs", args.jobs), ("--data", args.data),
+                                   ("--equal-time", args.equal_time))
                     if v is not None]  # fmt: skip
     if args.budget != "cpu":
         quality_only.append("--budget")
@@ -263,6 +270,7 @@ def _run_quality(args: argparse.Namespace) -> int:
             plot=not args.no_plot,
             progress=not args.no_progress,
             cell_timeout=None if args.cell_timeout == 1800.0 else args.cell_timeout,
+            equal_time=args.equal_time,
         )
     except QualityInterrupted as e:
         print(
