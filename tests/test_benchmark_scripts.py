@@ -217,3 +217,25 @@ def test_the_readme_commands_without_data_print_one_line_not_a_traceback(tmp_pat
         assert DATA_SCRIPTS[name][1] in lines[0] and str(empty) in lines[0]
         assert proc.stdout == ""
     assert sorted(os.listdir(tmp_path)) == ["empty"]
+
+
+def test_the_gpu_suite_runs_its_stages_at_tiny_size_on_the_cpu(tmp_path):
+    """benchmarks/gpu_suite.py, prepared for a lent GPU, runs here at toy sizes: every stage
+    recorded with its status and time, the layer cells measured, the quality cells finished."""
+    gpu_suite = _script("gpu_suite")
+    out = tmp_path / "gs"
+    threads = torch.get_num_threads()
+    try:
+        code = gpu_suite.main(["--tiny", "--device", "cpu", "--skip-tests", "--out", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    report = json.loads((out / "suite.json").read_text())
+    assert code == 0, report
+    assert list(report["stages"]) == ["layers", "quality"]
+    layers, quality = report["stages"]["layers"], report["stages"]["quality"]
+    assert layers["status"] == "ok" and layers["summary"].startswith("6 of 6 layer cells")
+    assert quality["status"] == "ok" and quality["summary"].startswith("2 of 2 quality cells")
+    assert (out / "layers" / "results.jsonl").is_file() and (out / "README.md").is_file()
+    if not torch.cuda.is_available():  # refused in one line, nothing run
+        assert gpu_suite.main(["--out", str(tmp_path / "x"), "--device", "cuda"]) == 2
+        assert not (tmp_path / "x").exists()
