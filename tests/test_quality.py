@@ -314,3 +314,12 @@ def test_an_equal_time_run_times_each_pair_once_and_trains_its_allocation(tmp_pa
         run_quality(["mqar"], ["dense"], **{**kw, "equal_time": 0.8})
     with pytest.raises(ValueError, match="give steps or equal_time, not both"):
         run_quality(["mqar"], ["dense"], **{**kw, "out": tmp_path / "other"}, steps=3)
+
+
+def test_a_model_ablation_changes_only_what_it_names():
+    from effiformer.bench.quality import _model_overrides
+
+    model, dense = _model_overrides(BUDGETS["cpu"], "lm-ptb", "dense", 1024)
+    _, ablated = _model_overrides(BUDGETS["cpu"], "lm-ptb", "dense-sinusoidal", 1024)
+    assert model == "vanilla-tiny" and ablated == {**dense, "positions": "sinusoidal"}
+    assert not MECHANISMS["dense-sinusoidal"].default  # run only when named

@@ -26,6 +26,8 @@ class Mechanism:
     #: in the default selection; ablations (a setting changed to test why a row is weak) run
     #: only when named with ``--attention``
     default: bool = True
+    #: model config overrides of a ``vanilla`` row (an ablation of the model around the part)
+    model: tuple[tuple[str, Any], ...] = ()
 
 
 def _pow2_sqrt(t: int) -> int:
@@ -83,6 +85,10 @@ MECHANISMS: dict[str, Mechanism] = {
         Mechanism("adaptive-span-full", "vanilla", ("causal", "lm"),
                   lambda task, t: {"name": "adaptive_span", "max_span": t, "init_span": 1.0},
                   "ablation: spans start at S instead of 0", default=False),
+        Mechanism("dense-sinusoidal", "vanilla", ("causal", "bidirectional", "lm"),
+                  lambda task, t: {"name": "dense"},
+                  "ablation: sinusoidal instead of learned absolute positions",
+                  default=False, model=(("positions", "sinusoidal"),)),
         Mechanism("routing-wide", "vanilla", ("causal", "bidirectional", "lm"),
                   lambda task, t: {"name": "routing", "window": _window(task, t), "clusters": 4},
                   "ablation: 4 clusters of T/4 tokens instead of sqrt(T) of sqrt(T)",

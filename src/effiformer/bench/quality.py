@@ -228,6 +228,7 @@ def _model_overrides(
         if mech.name == "lsra":
             over["attention"] = {**over["attention"], "attn_heads": budget.n_heads,
                                  "conv_heads": budget.n_heads}  # fmt: skip
+        over.update(dict(mech.model))
         return "vanilla-tiny", over
     if mech.family in ("xl", "compressive"):
         # the same attention context as the others' T: segments of T/2 with T/2 of memory
