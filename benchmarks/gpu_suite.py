@@ -10,7 +10,8 @@
    dense row (``effiformer.bench.run_bench`` on the default set's rows; memory by the device's
    peak statistics); a cell that runs out of time or memory is recorded as skipped.
 3. ``quality``: the quality suite's ``gpu`` budget (MQAR and PTB characters at 4k-16k tokens, bf16,
-   four cells at a time), needing ``--data`` (default ``$EFFIFORMER_DATA`` or ``../shared/data``).
+   four cells at a time), needing the data folder (``--data``, else ``$EFFIFORMER_DATA``, else
+   ``../shared/data``), checked before anything runs.
 
 Every stage starts only while time is left (``--budget-s``, default 480) and is recorded with its
 wall time and status in ``OUT/suite.json``; ``OUT/README.md`` holds the summary table and each
@@ -23,13 +24,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _data  # noqa: E402  (benchmarks/_data.py: where the data sets are)
 
 
 def _tests(out: Path, deadline: float) -> dict:
@@ -76,7 +78,7 @@ def _layers(out: Path, device: str, tiny: bool, deadline: float) -> dict:
     }
 
 
-def _quality(out: Path, device: str, tiny: bool, data: str, deadline: float) -> dict:
+def _quality(out: Path, device: str, tiny: bool, data: str | None, deadline: float) -> dict:
     from effiformer.bench.quality import run_quality
 
     if tiny:
@@ -104,12 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiny", action="store_true", help="toy sizes: a smoke run of the script")
     p.add_argument("--skip-tests", action="store_true", help="leave out the pytest stage")
     p.add_argument("--budget-s", type=float, default=480.0, help="wall-clock budget (s)")
-    p.add_argument(
-        "--data",
-        default=os.environ.get("EFFIFORMER_DATA", str(ROOT.parent / "shared" / "data")),
-        help="data folder for the quality stage's LM task",
-    )
+    _data.add_data_flag(p)
     args = p.parse_args(argv)
+    data = None
+    if not args.tiny:  # the gpu budget's PTB cells read the corpus: checked first
+        data = str(_data.require(__file__, args.data, "ptb"))
     if args.device == "cuda":
         import torch
 
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     stages = [
         ("tests", lambda d: _tests(d, deadline)),
         ("layers", lambda d: _layers(d, args.device, args.tiny, deadline)),
-        ("quality", lambda d: _quality(d, args.device, args.tiny, args.data, deadline)),
+        ("quality", lambda d: _quality(d, args.device, args.tiny, data, deadline)),
     ]
     if args.skip_tests:
         stages = stages[1:]

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
 
-from effiformer.bench.quality import BUDGETS, _make_cell, run_quality_cell
+from effiformer.bench.quality import BUDGETS, LM_DATA, _make_cell, run_quality_cell
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _data  # noqa: E402  (benchmarks/_data.py: where the data sets are)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,20 +31,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cell", required=True, help="cell id, e.g. mqar/dense/T1024/lr0.001/s0")
     p.add_argument("--steps", type=int, required=True, help="train the cell on to this step")
     p.add_argument("--out", required=True)
-    p.add_argument(
-        "--data",
-        default=os.environ.get("EFFIFORMER_DATA", "../shared/data"),
-        help="LM cells: the data folder holding ptb/ and tinyshakespeare/ (default: "
-        "$EFFIFORMER_DATA or ../shared/data)",
-    )
+    _data.add_data_flag(p)
     args = p.parse_args(argv)
+    task = args.cell.split("/")[0]
+    data = None
+    if task in LM_DATA:  # an LM cell reads its corpus: checked before anything else
+        data = str(_data.require(__file__, args.data, LM_DATA[task][0]))
     src, out = Path(args.src), Path(args.out)
     manifest = json.loads((src / "quality.json").read_text())
     budget = BUDGETS[manifest["budget"]["name"]]
     task, mech, length, lr, seed = args.cell.split("/")
     cell = _make_cell(budget, task, mech, int(length[1:]), float(lr[2:]), int(seed[1:]),
-                      args.steps, data=args.data if task.startswith("lm") else None,
-                      out=None)  # fmt: skip
+                      args.steps, data=data, out=None)  # fmt: skip
     run_dir = out / "cell"
     if not (run_dir / "latest").exists():
         shutil.copytree(src / "cells" / args.cell.replace("/", "_"), run_dir, dirs_exist_ok=True)

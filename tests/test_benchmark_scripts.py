@@ -152,6 +152,11 @@ DATA_SCRIPTS = {
         "multi30k",
     ),
     "lite_vs_dense_multi30k": (["--out", "OUT"], "multi30k"),
+    "quality_extend": (
+        ["--from", "F", "--cell", "lm-ptb/dense/T1024/lr0.003/s0", "--steps", "9", "--out", "OUT"],
+        "ptb",
+    ),
+    "gpu_suite": (["--out", "OUT"], "ptb"),
     "translation_multi30k": (["--out", "OUT"], "multi30k"),
 }
 

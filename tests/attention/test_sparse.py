@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-import effiformer.attention.sparse as sparse
+import effiformer.ops.tiled_sparse as tiled_sparse
 from effiformer import create_model
 from effiformer.attention import AttentionDims, AttentionMask, PrepareContext
 from effiformer.attention.sparse import (
@@ -193,7 +193,7 @@ def test_plain_matmul_kernel_equals_the_fused_cpu_kernel(monkeypatch):
     q, k, v = (torch.randn(2, 60, 2, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
     results = []
     for fused in (True, False):
-        monkeypatch.setattr(sparse, "_use_cpu_flash", lambda _q, f=fused: f)
+        monkeypatch.setattr(tiled_sparse, "_use_cpu_flash", lambda _q, f=fused: f)
         plan = build_plan(cfg, 2, 60, causal=False, key_padding=real, dtype=torch.float64)
         out = tiled_attention(q, k, v, plan)
         results.append([out, *torch.autograd.grad(out.pow(2).sum(), (q, k, v))])
