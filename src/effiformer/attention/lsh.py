@@ -42,8 +42,8 @@ Implemented, per head:
 Cost: hashing O(L * Dh * b), the sort O(n_hashes * L log L), attention
 O(n_hashes * L * (1 + before + after) * chunk_len * Dh); memory O(n_hashes * L * (Dh + chunk)) and
 never a (L, L) tensor. The chunked attention is one custom autograd function
-(``_LSHCore`` in :mod:`effiformer.ops.lsh_chunked`, the ops floor): the forward keeps only q, k, v, the combined output and one logsumexp per
-sorted slot; the backward recomputes each block of chunks (flash-attention style), so the
+(``_LSHCore`` in :mod:`effiformer.ops.lsh_chunked`, the ops floor): the forward keeps only q,
+k, v, the combined output and one logsumexp per sorted slot; the backward recomputes each block of chunks (flash-attention style), so the
 (slots, window) logits are never stored for the backward pass. A round's gradient needs no
 separate logsumexp path: with ``G_r = w_r * dO`` and the *combined* output ``o``,
 ``dS = P (dP - rowsum(G_r * o))`` already contains the gradient through the round weights.
