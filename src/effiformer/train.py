@@ -625,6 +625,22 @@ def _now() -> float:
     return time.monotonic()
 
 
+def check_batch_ids(batch: Any, vocab_size: int | None) -> None:
+    """Token ids of a batch still on the host, checked before it moves to an accelerator: the
+    model reads ids only on CPU tensors (on CUDA that read would be a host sync per forward), so
+    this is where a bad id on a GPU run gets its clear error instead of a device-side assert."""
+    ids = batch.data["input_ids"]
+    if vocab_size is None or ids.device.type != "cpu" or not ids.numel():
+        return
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= vocab_size:
+        bad = lo if lo < 0 else hi
+        raise ValueError(
+            f"token id {bad} in a training batch is outside the model's vocabulary "
+            f"[0, {vocab_size})"
+        )
+
+
 def _micro_scales(
     micro: list[Any], d: _Dist, device: torch.device
 ) -> tuple[list[float], list[float], float] | None:
@@ -817,6 +833,7 @@ def _train(model: nn.Module, task: Any, config: TrainConfig, d: _Dist, stop: Any
         _seed_everything(config.seed + d.rank)
     module = model.to(device)
     module.train()
+    vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
     optimizer = make_optimizer(module, config)
     # What the lr schedule reads: its length and warmup (a time budget may resize them).
     plan = {"total": config.steps or 0, "warmup": config.warmup}
@@ -995,6 +1012,8 @@ def _train(model: nn.Module, task: Any, config: TrainConfig, d: _Dist, stop: Any
                 aux_sum = torch.zeros((), dtype=torch.float64, device=device)
                 updates: list[dict[str, Tensor]] = []
                 for m, mb in enumerate(micro):
+                    if device.type != "cpu":  # the model checks ids on CPU itself
+                        check_batch_ids(mb, vocab_size)
                     mb = mb.to(device)
                     if init_state is not None and (states[m] is None or mb.new_stream):
                         states[m] = init_state(mb.rows, device)

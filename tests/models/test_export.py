@@ -38,3 +38,19 @@ def test_the_token_range_check_still_speaks_in_eager():
         model(torch.tensor([[1, 300]]))
     with pytest.raises(ValueError, match=r"target ids must be in \[0, 256\)"):
         model(torch.tensor([[1, 2]]), targets=torch.tensor([[1, 999]]))
+
+
+def test_the_trainer_checks_ids_on_the_host_before_an_accelerator():
+    """On a GPU run the model does not read ids (a host sync per forward): the trainer checks
+    each batch on the host before moving it, here called as it is."""
+    from effiformer.tasks.base import Batch
+    from effiformer.train import check_batch_ids
+
+    good = Batch({"input_ids": torch.tensor([[0, 255]])})
+    check_batch_ids(good, 256)
+    check_batch_ids(good, None)  # a model without a vocabulary: nothing to check
+    with pytest.raises(ValueError, match=r"token id 256 in a training batch is outside the "
+                       r"model's vocabulary \[0, 256\)"):  # fmt: skip
+        check_batch_ids(Batch({"input_ids": torch.tensor([[1, 256]])}), 256)
+    with pytest.raises(ValueError, match="token id -3"):
+        check_batch_ids(Batch({"input_ids": torch.tensor([[-3, 2]])}), 256)
