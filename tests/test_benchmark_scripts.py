@@ -157,6 +157,7 @@ DATA_SCRIPTS = {
         "ptb",
     ),
     "gpu_suite": (["--out", "OUT"], "ptb"),
+    "quality_step_times": (["time", "--out", "OUT"], "ptb"),
     "translation_multi30k": (["--out", "OUT"], "multi30k"),
 }
 
