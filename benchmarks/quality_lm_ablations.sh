@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The checks on the PTB rows of docs/quality.md (after benchmarks/quality_lm_cpu.sh's first loop):
+# dense continued to 12,000 steps, dense with sinusoidal positions, and routing with every head
+# local through the routing part. Resumable: rerun to continue (finished cells are skipped).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DATA=${EFFIFORMER_DATA:-../shared/data}
+python benchmarks/quality_extend.py --from benchmarks/results/quality_cpu_lm \
+  --cell lm-ptb/dense/T1024/lr0.003/s0 --steps 12000 \
+  --out benchmarks/results/quality_cpu_lm_dense_long --data "$DATA"
+common=(--part quality --budget cpu --data "$DATA" --out benchmarks/results/quality_cpu_lm_ablations
+  --no-progress --tasks lm-ptb --seeds 1 --lr 3e-3 --jobs 1)
+effiformer bench "${common[@]}" --attention dense-sinusoidal
+effiformer bench "${common[@]}" --attention routing-local --threads 2
