@@ -387,6 +387,11 @@ def local_attention(
             diag = torch.zeros_like(keep4)
             diag[..., torch.arange(w, device=q.device), own] = True
             keep4 = keep4 | (diag & empty[..., None])
+    qs, ks, vs = (
+        qc.reshape(b * n, h, w, dh),
+        kn.reshape(b * n, h, kk, dh),
+        vn.reshape(b * n, h, kk, dh),
+    )
     if relative is not None:
         # key slot s of a chunk's neighbourhood lies offsets[s // w] chunks away, at s % w in it:
         # its distance to query i of the chunk is the same in every chunk
@@ -394,23 +399,12 @@ def local_attention(
         offs = torch.tensor(plan.offsets, device=q.device)[slot // w]
         index = relative.index(torch.arange(w, device=q.device), offs * w + slot % w)  # (w, K)
         o = relative_attention(
-            qc.reshape(b * n, h, w, dh),
-            kn.reshape(b * n, h, kk, dh),
-            vn.reshape(b * n, h, kk, dh),
-            keep4,
-            index,
-            relative,
-            scale=dh**-0.5 if scale is None else scale,
+            qs, ks, vs, keep4, index, relative, scale=dh**-0.5 if scale is None else scale,
             dropout_p=dropout_p,
-        )  # (B*n, H, w, Dh)
+        )  # fmt: skip
     else:
         o = F.scaled_dot_product_attention(
-            qc.reshape(b * n, h, w, dh),
-            kn.reshape(b * n, h, kk, dh),
-            vn.reshape(b * n, h, kk, dh),
-            attn_mask=keep4,
-            dropout_p=dropout_p,
-            scale=scale,
+            qs, ks, vs, attn_mask=keep4, dropout_p=dropout_p, scale=scale
         )  # (B*n, H, w, Dh)
     o = o.view(b, n, h, w, dh).transpose(2, 3).reshape(b, tp, h, dh)  # (B, Tp, H, Dh)
     return o if pad == 0 else o[:, :t]

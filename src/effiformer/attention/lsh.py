@@ -74,6 +74,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -83,6 +84,7 @@ from ..config import AttentionConfig, ConfigError
 from ..ops.lsh_chunked import (
     CAUSAL_MASK_VALUE,
     SELF_MASK_VALUE,
+    ChunkedLayout,
     chunked_attention,
     chunked_attention_weights,
     chunked_layout,
@@ -255,6 +257,14 @@ def _check_core_args(q: Tensor, buckets: Tensor, chunk: int) -> None:
         )
 
 
+def _sorted_layout(q: Tensor, buckets: Tensor, chunk: int, **layout: Any) -> ChunkedLayout:
+    """Check the call, sort the buckets (this mechanism's mathematics) and lay out the sorted
+    stream for the ops floor's chunked kernel."""
+    _check_core_args(q, buckets, chunk)
+    positions, slots = sort_buckets(buckets)  # (B, H, n*L), (B, H, n, L)
+    return chunked_layout(positions, slots, chunk, **layout)
+
+
 def lsh_attention(
     q: Tensor,
     v: Tensor,
@@ -274,10 +284,8 @@ def lsh_attention(
     ``L`` must be a multiple of ``chunk``; ``real``: (B, L) bool, False = padding (give padding
     the padding bucket). The sort is this mechanism's; the chunked attention is the ops floor's
     (:func:`effiformer.ops.lsh_chunked.chunked_attention`; ``impl`` as there)."""
-    _check_core_args(q, buckets, chunk)
-    positions, slots = sort_buckets(buckets)  # (B, H, n*L), (B, H, n, L)
-    layout = chunked_layout(
-        positions, slots, chunk, causal=causal, real=real, n_chunks_before=n_chunks_before,
+    layout = _sorted_layout(
+        q, buckets, chunk, causal=causal, real=real, n_chunks_before=n_chunks_before,
         n_chunks_after=n_chunks_after, duplicate_correction=duplicate_correction,
     )  # fmt: skip
     return chunked_attention(q, shared_qk_keys(q), v, layout, dropout_p=dropout_p, impl=impl)
@@ -297,10 +305,8 @@ def lsh_attention_weights(
     """The (B, H, L, L) attention weights :func:`lsh_attention` applies (rounds combined, a key
     met several times summed), computed by the same blocks and masks. O(L^2): for tests and
     inspection only; the forward never builds it."""
-    _check_core_args(q, buckets, chunk)
-    positions, slots = sort_buckets(buckets)
-    layout = chunked_layout(
-        positions, slots, chunk, causal=causal, real=real, n_chunks_before=n_chunks_before,
+    layout = _sorted_layout(
+        q, buckets, chunk, causal=causal, real=real, n_chunks_before=n_chunks_before,
         n_chunks_after=n_chunks_after, duplicate_correction=duplicate_correction,
     )  # fmt: skip
     return chunked_attention_weights(q, shared_qk_keys(q), layout)
