@@ -76,9 +76,9 @@ MECHANISMS: dict[str, Mechanism] = {
         Mechanism("relative-xl", "vanilla", ("causal", "lm"),
                   lambda task, t: {"name": "relative_xl"}, "XL relative positions, no memory"),
         Mechanism("xl", "xl", ("lm",), lambda task, t: None,
-                  "Transformer-XL: segment T/2, memory T/2"),
+                  "Transformer-XL: segment S (T/2 unless the budget names it), memory T - S"),
         Mechanism("compressive", "compressive", ("lm",), lambda task, t: None,
-                  "Compressive: segment T/2, memory T/4, compressed memory T/4 (rate 3)"),
+                  "Compressive: segment S (T/2 unless the budget names it), memory and compressed memory (T - S)/2 each (rate 3)"),
         Mechanism("funnel", "funnel", ("bidirectional",), lambda task, t: None,
                   "Funnel encoder, pooled blocks"),
         # ablations: one setting changed, to test an explanation of a weak row

@@ -121,6 +121,9 @@ class TaskBudget:
     target: float | None = None
     #: steps at particular lengths instead of ``steps`` (longer sequences that need more)
     length_steps: dict[int, int] = field(default_factory=dict)
+    #: the recurrent families' (Transformer-XL, Compressive) training segment; the rest of the
+    #: T keys is memory (None: segments of T/2 with T/2 of memory)
+    segment: int | None = None
 
     def batch(self, length: int) -> int:
         return max(self.min_batch, self.tokens // length)
@@ -189,6 +192,19 @@ BUDGETS: dict[str, QualityBudget] = {
         },
         description="ablation: the CPU budget's MQAR with 4 layers instead of 2",
     ),
+    "cpu-long": QualityBudget(
+        "cpu-long", dim=256, n_layers=4, n_heads=4, threads=1, jobs=2,
+        tasks={
+            "lm-ptb": TaskBudget((4096,), 1000, 4096, 2, (2e-3,), 100, segment=512,
+                                 options={"curve_eval_tokens": 65536}),
+            "lm-shakespeare": TaskBudget((4096,), 1000, 4096, 2, (2e-3,), 100, segment=512,
+                                         options={"curve_eval_tokens": 65536}),
+        },
+        description="long context at equal compute (issue 25): the *-small size (d 256, 4 "
+        "layers, 4 heads) at T = 4,096, XL and Compressive on segments of 512 with 3,584 keys "
+        "of memory; run with --equal-time (steps from quiet timings); the curve scores the "
+        "first 65,536 validation characters, the end the whole splits",
+    ),
     "gpu": QualityBudget(
         "gpu", dim=128, n_layers=2, n_heads=4, device="cuda", dtype="bfloat16", threads=4, jobs=4,
         tasks={
@@ -231,12 +247,15 @@ def _model_overrides(
         over.update(dict(mech.model))
         return "vanilla-tiny", over
     if mech.family in ("xl", "compressive"):
-        # the same attention context as the others' T: segments of T/2 with T/2 of memory
-        # (Compressive: T/4 of memory and T/4 compressed slots, which reach 3T/4 further back)
-        over = {**common, "ffn_dim": 4 * budget.dim, "seq_len": length // 2,
-                "mem_len": length // 2}  # fmt: skip
+        # the same attention context as the others' T: segments of S (T/2 unless the budget
+        # names one) with T - S of memory (Compressive: half of it memory, half compressed
+        # slots, which reach three times as far back)
+        seg = budget.tasks[task].segment or length // 2
+        if not 0 < seg < length:
+            raise ValueError(f"{task}: the recurrent segment must lie in (0, {length}), got {seg}")
+        over = {**common, "ffn_dim": 4 * budget.dim, "seq_len": seg, "mem_len": length - seg}
         if mech.family == "compressive":
-            over.update(mem_len=length // 4, cmem_len=length // 4)
+            over.update(mem_len=(length - seg) // 2, cmem_len=(length - seg) // 2)
         return f"{mech.family}-tiny", over
     if mech.family == "funnel":
         return "funnel-tiny", {**common, "ffn_dim": 4 * budget.dim, "n_layers": budget.n_layers}
@@ -281,7 +300,9 @@ def _task_setup(cell: dict[str, Any]) -> tuple[Any, torch.nn.Module]:
             batch_size=batch,
             seq_len=int(over.get("seq_len", length)),
             seed=seed,
-            eval_tokens=opts.get("eval_tokens"),
+            # the curve's evaluations may score a prefix of the split (``curve_eval_tokens``);
+            # the final scores use ``eval_tokens`` (None: the whole split)
+            eval_tokens=opts.get("curve_eval_tokens", opts.get("eval_tokens")),
         )
         over.update(vocab_size=corpus.vocab.size)
         if "seq_len" not in over:
@@ -375,6 +396,8 @@ def run_quality_cell(cell: dict[str, Any]) -> dict[str, Any]:
         return {**rec, "diverged": error}
     model.eval()
     metric = TASKS[cell["task"]][1]
+    if "curve_eval_tokens" in (cell.get("task_options") or {}):
+        task.eval_tokens = cell["task_options"].get("eval_tokens")
     for split in ("valid", "test"):
         result = task.evaluate(model, split, device=device)
         rec[split] = result[metric]

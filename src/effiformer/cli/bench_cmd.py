@@ -93,7 +93,11 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "--attention", dest="mechanisms", nargs="+", default=None, metavar="MECHANISM",
         help="mechanisms (default: every one that fits each task); see --list-mechanisms",
     )  # fmt: skip
-    q.add_argument("--budget", default="cpu", help="smoke, cpu or gpu (default: cpu)")
+    q.add_argument(
+        "--budget",
+        default="cpu",
+        help="smoke, cpu, cpu-long (long context at equal compute), cpu-deep or gpu (default: cpu)",
+    )
     q.add_argument(
         "--seeds", type=positive_int, default=None, help="seeds per cell (default: budget's)"
     )

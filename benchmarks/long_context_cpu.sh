@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Issue 25: long context at equal compute on the 2-core CPU. Each line is a command as it ran,
+# in order; every one is resumable (run it again in the same folder to continue).
+# Budget `cpu-long`: the *-small size (d 256, 4 layers, 4 heads) at T = 4,096, 900 s of quiet
+# one-thread time per model (steps from timings taken alone on the quiet machine, OUT/timing.json),
+# two cells at a time; learning rate 2e-3 for all (no sweep at this budget).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=benchmarks/results/long_context_cpu
+DATA=${DATA:-../shared/data}
+
+# 1. every mechanism, seed 0 (the recurrent ones first, so their memory curves can run early)
+effiformer bench --part quality --budget cpu-long --tasks lm-ptb --lengths 4096 --lr 2e-3 \
+    --seeds 1 --equal-time 900 --cell-timeout 5400 --data "$DATA" --out "$OUT" \
+    --attention xl compressive dense local sparse-strided sparse-fixed adaptive-span routing lsh lsra
