@@ -116,7 +116,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import AttentionConfig, ConfigError
-from ..ops.flash_cpu import flash_backward, flash_forward
+from ..ops.routed import gather_clusters, routed_flash_attention
+from ..ops.strided_local import strided_unavailable
 from .base import (
     AttentionDims,
     AttentionMask,
@@ -125,12 +126,7 @@ from .base import (
     PrepareContext,
     check_attention_inputs,
 )
-from .local import (
-    LocalPlan,
-    local_attention,
-    make_plan,
-    strided_unavailable,
-)
+from .local import LocalPlan, local_attention, make_plan
 from .registry import register_attention
 from .relative import RelativeTables, relative_attention
 
@@ -303,13 +299,6 @@ def route(scores: Tensor, window: int, real: Tensor | None = None) -> Tensor:
     return idx.sort(dim=-1).values
 
 
-def _gather(t: Tensor, idx: Tensor) -> Tensor:
-    """t (B, H, T, Dh), idx (B, H, K, w) -> (B, H, K, w, Dh)."""
-    b, h, k, w = idx.shape
-    flat = idx.reshape(b, h, k * w, 1).expand(b, h, k * w, t.shape[-1])
-    return t.gather(2, flat).view(b, h, k, w, t.shape[-1])
-
-
 def routed_attention(
     q: Tensor,
     k: Tensor,
@@ -354,11 +343,10 @@ def routed_attention(
     if strided and why is not None:
         raise ValueError(f"strided routed attention cannot take this call: {why}")
     if strided is not False and why is None:
-        same = shared and k is q
-        return _StridedRouted.apply(q, k, v, q_idx, q_idx if shared else k_idx, causal, scale, same)
-    qg = _gather(q, q_idx).view(b * h, kk, w, dh)  # (B*H, K, w, Dh)
-    kg = qg if (shared and k is q) else _gather(k, k_idx).view(b * h, kk, w, dh)
-    vg = _gather(v, k_idx).view(b * h, kk, w, dh)
+        return routed_flash_attention(q, k, v, q_idx, k_idx, causal=causal, scale=scale)
+    qg = gather_clusters(q, q_idx).view(b * h, kk, w, dh)  # (B*H, K, w, Dh)
+    kg = qg if (shared and k is q) else gather_clusters(k, k_idx).view(b * h, kk, w, dh)
+    vg = gather_clusters(v, k_idx).view(b * h, kk, w, dh)
     keep = None
     has_key = None
     if relative is not None and causal and shared and real is None:
@@ -410,79 +398,6 @@ def routed_attention(
     out = o.new_zeros(b, h, t, dh).scatter_add(2, flat[..., None].expand(b, h, kk * w, dh), o)
     count = o.new_zeros(b, h, t).scatter_add(2, flat, weight)  # (B, H, T)
     return out / count.clamp_min(1.0)[..., None]
-
-
-class _StridedRouted(torch.autograd.Function):
-    """Routed attention without keeping the gathered tiles (see :func:`routed_attention`):
-    clusters go through the CPU flash kernel in groups; the backward gathers each group again
-    and runs the kernel's backward (what SDPA's autograd node runs), then scatters. The kernel
-    sees each cluster as a batch row of one head, so its outputs are laid out (B, H, Kg, w, Dh)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, q_idx, k_idx, causal: bool, scale: float, same: bool):
-        b, h, t, dh = v.shape
-        kk, w = q_idx.shape[2], q_idx.shape[3]
-        groups = _cluster_groups(kk)
-        out = v.new_zeros(b, h, t, dh)  # (B, H, T, Dh): sum over the clusters choosing t
-        count = v.new_zeros(b, h, t)
-        outs, lses = [], []
-        for c0, c1 in groups:
-            m = c1 - c0
-            qi, ki = q_idx[:, :, c0:c1], k_idx[:, :, c0:c1]  # (B, H, Kg, w)
-            qg = _gather(q, qi).view(b * h * m, 1, w, dh)  # (B*H*Kg, 1, w, Dh)
-            kg = qg if same else _gather(k, ki).view(b * h * m, 1, w, dh)
-            vg = _gather(v, ki).view(b * h * m, 1, w, dh)
-            o, lg = flash_forward(qg, kg, vg, 0.0, causal, scale=scale)  # (B*H*Kg, 1, w, Dh)
-            qf = qi.reshape(b, h, m * w)
-            out.scatter_add_(2, qf[..., None].expand(b, h, m * w, dh), o.view(b, h, m * w, dh))
-            count.scatter_add_(2, qf, v.new_ones(b, h, m * w))
-            outs.append(o)
-            lses.append(lg)
-            del qg, kg, vg
-        count = count.clamp_min(1.0)  # (B, H, T)
-        out.div_(count[..., None])
-        ctx.save_for_backward(q, k, v, q_idx, k_idx, count, *outs, *lses)
-        ctx.causal, ctx.scale, ctx.same, ctx.groups = causal, scale, same, groups
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        q, k, v, q_idx, k_idx, count, *rest = ctx.saved_tensors
-        groups = ctx.groups
-        outs, lses = rest[: len(groups)], rest[len(groups) :]
-        b, h, t, dh = v.shape
-        w = q_idx.shape[3]
-        same = ctx.same
-        dq = q.new_zeros(b, h, t, dh)
-        dk = None if same else k.new_zeros(b, h, t, dh)
-        dv = v.new_zeros(b, h, t, dh)
-        for (c0, c1), o, lg in zip(groups, outs, lses, strict=True):
-            m = c1 - c0
-            qi, ki = q_idx[:, :, c0:c1], k_idx[:, :, c0:c1]  # (B, H, Kg, w)
-            qf = qi.reshape(b, h, m * w, 1).expand(b, h, m * w, dh)
-            kf = ki.reshape(b, h, m * w, 1).expand(b, h, m * w, dh)
-            # d(sum / count): the output gradient over the count, gathered per cluster
-            go = grad.gather(2, qf) / count.gather(2, qi.reshape(b, h, m * w))[..., None]
-            qg = _gather(q, qi).view(b * h * m, 1, w, dh)  # (B*H*Kg, 1, w, Dh)
-            kg = qg if same else _gather(k, ki).view(b * h * m, 1, w, dh)
-            vg = _gather(v, ki).view(b * h * m, 1, w, dh)
-            gq, gk, gv = flash_backward(
-                go.view(b * h * m, 1, w, dh), qg, kg, vg, o, lg, 0.0, ctx.causal, scale=ctx.scale
-            )  # (B*H*Kg, 1, w, Dh) x 3
-            if same:
-                gq = gq + gk
-            else:
-                dk.scatter_add_(2, kf, gk.view(b, h, m * w, dh))
-            dq.scatter_add_(2, qf, gq.view(b, h, m * w, dh))
-            dv.scatter_add_(2, kf, gv.view(b, h, m * w, dh))
-            del go, qg, kg, vg, gq, gk, gv
-        return dq, dk, dv, None, None, None, None, None
-
-
-def _cluster_groups(k: int) -> list[tuple[int, int]]:
-    """About 8 groups of consecutive clusters (bounded transients for the gathered tiles)."""
-    g = max(1, -(-k // 8))
-    return [(c0, min(k, c0 + g)) for c0 in range(0, k, g)]
 
 
 # ------------------------------------------------------------------------------------ the part

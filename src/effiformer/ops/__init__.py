@@ -5,6 +5,10 @@ configs, modules and the papers' mathematics and call the ops here.
 - :mod:`.flash_cpu`: PyTorch's CPU flash-attention forward and backward (the kernel
   ``F.scaled_dot_product_attention`` runs on CPU), looked up once, with
   :func:`~.flash_cpu.flash_unavailable`.
+- :mod:`.lsh_chunked`: LSH attention's chunked kernel over the sorted sequence.
+- :mod:`.tiled_sparse`: the Sparse Transformer's tiled engine (dense tile calls, merged exactly).
+- :mod:`.strided_local`: blocked local attention read in place (the local heads).
+- :mod:`.routed`: attention inside clusters of sorted token indices (the routed heads).
 """
 
 from .flash_cpu import (
