@@ -4,6 +4,7 @@ already written lost."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -323,3 +324,65 @@ def test_a_model_ablation_changes_only_what_it_names():
     _, ablated = _model_overrides(BUDGETS["cpu"], "lm-ptb", "dense-sinusoidal", 1024)
     assert model == "vanilla-tiny" and ablated == {**dense, "positions": "sinusoidal"}
     assert not MECHANISMS["dense-sinusoidal"].default  # run only when named
+
+
+def test_the_recurrent_segment_is_a_budget_setting_and_the_rest_of_t_is_memory():
+    from effiformer.bench.quality import TaskBudget, _model_overrides
+
+    for budget, t, seg in (("cpu", 1024, 512), ("cpu-long", 4096, 512)):
+        _, xl = _model_overrides(BUDGETS[budget], "lm-ptb", "xl", t)
+        _, comp = _model_overrides(BUDGETS[budget], "lm-ptb", "compressive", t)
+        assert (xl["seq_len"], xl["mem_len"]) == (seg, t - seg)
+        assert (comp["seq_len"], comp["mem_len"], comp["cmem_len"]) == (
+            seg, (t - seg) // 2, (t - seg) // 2)  # fmt: skip
+    long = BUDGETS["cpu-long"]
+    assert (long.dim, long.n_layers, long.n_heads) == (256, 4, 4)  # the *-small size
+    bad = dataclasses.replace(long, tasks={"lm-ptb": TaskBudget((4096,), 10, 4096, 1, (1e-3,),
+                                                                5, segment=4096)})  # fmt: skip
+    with pytest.raises(ValueError, match="recurrent segment must lie in \\(0, 4096\\), got 4096"):
+        _model_overrides(bad, "lm-ptb", "xl", 4096)
+
+
+def test_the_curve_may_score_a_prefix_while_the_end_scores_the_whole_split(
+    tmp_path, shared_data, monkeypatch
+):
+    from effiformer.bench import quality
+
+    shared_data("ptb")
+    smoke = quality.BUDGETS["smoke"]
+    lm = dataclasses.replace(smoke.tasks["lm-ptb"],
+                             options={"eval_tokens": 4096, "curve_eval_tokens": 512})  # fmt: skip
+    monkeypatch.setitem(quality.BUDGETS, "smoke", dataclasses.replace(
+        smoke, tasks={**smoke.tasks, "lm-ptb": lm}))  # fmt: skip
+    out = tmp_path / "lm"
+    (rec,) = run_quality(["lm-ptb"], ["dense"], budget="smoke", out=out, data=shared_data.root,
+                         progress=False, plot=False)  # fmt: skip
+    assert rec["status"] == "ok"
+    cell_dir = out / "cells" / rec["cell"].replace("/", "_")
+    evals = [json.loads(line) for line in (cell_dir / "metrics.jsonl").read_text().splitlines()
+             if "val_tokens" in line]  # fmt: skip
+    # targets scored: the prefix (512 characters, less the streams' first tokens) along the way,
+    # 4,096 at the end
+    assert evals and all(448 <= e["val_tokens"] <= 512 for e in evals)
+    for split in ("valid_all", "test_all"):
+        assert 3584 <= rec[split]["tokens"] <= 4096
+
+
+def test_a_cell_stopped_part_way_continues_from_its_checkpoint_to_the_same_result(tmp_path):
+    """A long cell killed part way resumes from its last checkpoint (``run_dir/latest``): the
+    weights, optimizer, data position and RNG, so the resumed cell ends where an uninterrupted
+    one does, to the bit."""
+    from effiformer.bench.quality import _make_cell, run_quality_cell
+
+    def cell(run_dir, steps):
+        c = _make_cell(BUDGETS["smoke"], "mqar", "dense", 64, 3e-3, 0, steps, data=None,
+                       out=tmp_path)  # fmt: skip
+        return {**c, "run_dir": str(tmp_path / run_dir), "eval_every": 2}
+
+    whole = run_quality_cell(cell("whole", 8))
+    first = run_quality_cell(cell("parts", 4))  # the part that ran before the kill
+    assert first["steps_done"] == 4 and (tmp_path / "parts" / "latest").exists()
+    rest = run_quality_cell(cell("parts", 8))
+    assert rest["steps_done"] == whole["steps_done"] == 8
+    assert (rest["valid"], rest["test"]) == (whole["valid"], whole["test"])
+    assert rest["valid_all"]["loss"] == whole["valid_all"]["loss"]
