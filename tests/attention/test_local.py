@@ -201,3 +201,30 @@ def test_strided_path_keeps_no_neighbour_tiles_for_the_backward():
     out_bytes = t * h * dh * 8  # float64
     assert saved_bytes(True) <= out_bytes + t * h * 8  # output + log-sum-exp
     assert saved_bytes(False) >= 4 * out_bytes  # the 2w-wide keys and values
+
+
+def test_the_regular_chunks_are_found_from_the_integers_as_from_the_masks():
+    """``make_plan`` finds the chunks that share one mask from the integers alone (no tensor read,
+    so one graph under torch.compile); the tensor form it replaced is the oracle."""
+    from effiformer.attention.local import _regular_from, make_plan
+
+    def from_masks(plan, back):
+        if plan.n_chunks <= back:
+            return None
+        seen = plan.valid[back:] ^ plan.valid[back]
+        if plan.rel is not None:
+            seen = seen & plan.rel.any(0)
+        return None if bool(seen.any()) else back
+
+    checked = 0
+    for t in (1, 5, 8, 12, 16, 17, 31, 32, 40):
+        for w in (1, 3, 4, 8):
+            for back in (0, 1, 2):
+                for fwd in (0, 1, 2):
+                    for causal in (True, False):
+                        plan = make_plan(t, w, back, fwd, causal=causal)
+                        want = from_masks(plan, back)
+                        assert plan.regular_from == want, (t, w, back, fwd, causal)
+                        assert _regular_from(t, plan.window, back, fwd, causal) == want
+                        checked += want is not None
+    assert checked > 100  # both answers occur

@@ -141,15 +141,28 @@ def make_plan(
         # key at offset o, row j of its chunk vs query row i: o * w + j <= i
         krel = (off[:, None] * w + torch.arange(w, device=device)).reshape(-1)  # (K,)
         rel = krel[None, :] <= torch.arange(w, device=device)[:, None]  # (w, K)
-    r = look_backward
-    regular = None
-    if n > r:
-        # keep[c] = valid[c] & rel: chunks agree where a column is visible to some row
-        seen = valid[r:] ^ valid[r]  # (n - r, K)
-        if rel is not None:
-            seen = seen & rel.any(0)
-        regular = None if bool(seen.any()) else r
+    regular = _regular_from(t, w, look_backward, look_forward, causal)
     return LocalPlan(w, n, n * w, offsets, t, causal, valid, rel, regular)
+
+
+def _regular_from(t: int, w: int, back: int, fwd: int, causal: bool) -> int | None:
+    """The first chunk from which every chunk has the same mask (its neighbours all exist and hold
+    no padding, on the columns some query of the chunk can see), or None: ``back`` when chunks
+    ``back ... n - 1`` agree. From the integers alone (no tensor is read: one graph under
+    ``torch.compile``). Only the last ``fwd + 1`` chunks can differ from chunk ``back`` (a
+    forward neighbour past the end, or the padded last chunk among the neighbours); under the
+    causal mask no query sees a forward neighbour."""
+    n = -(-t // w)
+    if n <= back:
+        return None
+    seen_offsets = range(-back, 1) if causal else range(-back, fwd + 1)
+
+    def row(c: int) -> tuple[int, ...]:  # visible keys per offset (a count: positions are a prefix)
+        return tuple(max(0, min(w, t - (c + o) * w)) if 0 <= c + o < n else 0 for o in seen_offsets)
+
+    first = row(back)
+    tail = range(max(back, n - 1 - (0 if causal else fwd)), n)
+    return back if all(row(c) == first for c in tail) else None
 
 
 def _neighbours(t: Tensor, offsets: tuple[int, ...]) -> Tensor:

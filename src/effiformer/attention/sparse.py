@@ -95,6 +95,7 @@ from torch import Tensor
 
 from ..config import AttentionConfig, ConfigError
 from ..ops.tiled_sparse import PreparedCall, SparsePlan, TileCall, summary_index, tiled_attention
+from ..ops.tracing import can_read_values
 from .base import (
     AttentionDims,
     AttentionMask,
@@ -372,7 +373,10 @@ def _prepare_call(
         empty = ~seen[..., idx]  # (B', ., Tq)
     else:
         empty = ~keep.any(-1)
-    return PreparedCall(call, mask, empty if bool(empty.any()) else None)
+    # no row empty (known only where the mask can be read): the kernel skips the zeroing
+    return PreparedCall(
+        call, mask, None if can_read_values(empty) and not bool(empty.any()) else empty
+    )
 
 
 @functools.lru_cache(maxsize=64)

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import ModelConfig
+from ..ops.tracing import can_read_values
 from ..sampling import check_sampling, sample_next
 
 __all__ = ["ModelOutput", "EffiModel", "lm_loss", "scored_lm_loss", "IGNORE_INDEX"]
@@ -71,22 +72,6 @@ def scored_lm_loss(hidden: Tensor, head: Any, targets: Tensor) -> tuple[Tensor, 
     return logits, F.cross_entropy(logits.float(), targets[keep])
 
 
-def _can_read_values(t: Tensor) -> bool:
-    """Whether a value check on ``t`` costs nothing and breaks nothing: a CPU tensor outside
-    ``torch.compile`` / ``torch.export`` tracing. Reading ``min``/``max`` of a traced tensor is
-    data-dependent (no graph, no export), and of a CUDA tensor a host sync on every forward and
-    every generated token; there the embedding's own bounds check is what remains (the trainer
-    checks token ids on the CPU, where batches are made)."""
-    if t.device.type != "cpu":
-        return False
-    compiler = getattr(torch, "compiler", None)
-    for probe in ("is_compiling", "is_exporting"):
-        fn = getattr(compiler, probe, None)
-        if fn is not None and fn():
-            return False
-    return not isinstance(t, torch._subclasses.FakeTensor)
-
-
 class EffiModel(nn.Module):
     """Base class: input validation, explicit state, buffer updates, a hook for ``bench --part``.
 
@@ -119,7 +104,7 @@ class EffiModel(nn.Module):
                 f"sequence length {input_ids.shape[1]} exceeds the model's limit seq_len={limit}; "
                 "shorten the input or build the model with a larger seq_len"
             )
-        if input_ids.numel() and _can_read_values(input_ids):
+        if input_ids.numel() and can_read_values(input_ids):
             lo, hi = int(input_ids.min()), int(input_ids.max())
             if lo < 0 or hi >= self.config.vocab_size:
                 bad = lo if lo < 0 else hi
@@ -133,7 +118,7 @@ class EffiModel(nn.Module):
                 f"targets must have the shape of input_ids {tuple(input_ids.shape)}, "
                 f"got {tuple(targets.shape)}"
             )
-        if not _can_read_values(targets):
+        if not can_read_values(targets):
             return
         valid = targets[targets != IGNORE_INDEX]
         if valid.numel() and (int(valid.min()) < 0 or int(valid.max()) >= self.config.vocab_size):

@@ -41,6 +41,8 @@ class _StridedRouted(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, q_idx, k_idx, causal: bool, scale: float, same: bool):
+        # k None: the keys are the queries (``same``); k_idx None: the indices are shared. Each
+        # tensor comes in once (a tensor passed twice is a graph break under torch.compile).
         b, h, t, dh = v.shape
         kk, w = q_idx.shape[2], q_idx.shape[3]
         groups = cluster_groups(kk)
@@ -49,7 +51,8 @@ class _StridedRouted(torch.autograd.Function):
         outs, lses = [], []
         for c0, c1 in groups:
             m = c1 - c0
-            qi, ki = q_idx[:, :, c0:c1], k_idx[:, :, c0:c1]  # (B, H, Kg, w)
+            qi = q_idx[:, :, c0:c1]  # (B, H, Kg, w)
+            ki = qi if k_idx is None else k_idx[:, :, c0:c1]
             qg = gather_clusters(q, qi).view(b * h * m, 1, w, dh)  # (B*H*Kg, 1, w, Dh)
             kg = qg if same else gather_clusters(k, ki).view(b * h * m, 1, w, dh)
             vg = gather_clusters(v, ki).view(b * h * m, 1, w, dh)
@@ -79,7 +82,8 @@ class _StridedRouted(torch.autograd.Function):
         dv = v.new_zeros(b, h, t, dh)
         for (c0, c1), o, lg in zip(groups, outs, lses, strict=True):
             m = c1 - c0
-            qi, ki = q_idx[:, :, c0:c1], k_idx[:, :, c0:c1]  # (B, H, Kg, w)
+            qi = q_idx[:, :, c0:c1]  # (B, H, Kg, w)
+            ki = qi if k_idx is None else k_idx[:, :, c0:c1]
             qf = qi.reshape(b, h, m * w, 1).expand(b, h, m * w, dh)
             kf = ki.reshape(b, h, m * w, 1).expand(b, h, m * w, dh)
             # d(sum / count): the output gradient over the count, gathered per cluster
@@ -127,4 +131,6 @@ def routed_flash_attention(
     if why is not None:
         raise ValueError(f"strided routed attention cannot take this call: {why}")
     same = shared and k is q
-    return _StridedRouted.apply(q, k, v, q_idx, q_idx if shared else k_idx, causal, scale, same)
+    return _StridedRouted.apply(
+        q, None if same else k, v, q_idx, None if shared else k_idx, causal, scale, same
+    )

@@ -110,63 +110,104 @@ def _segments(
     return segs
 
 
-class _StridedLocal(torch.autograd.Function):
-    """Local attention over (B, T, H, Dh) q, k, v read in place (see the section comment)."""
+# The forward and the backward are registered operators (``torch.library.custom_op``) with fake
+# implementations and a registered autograd formula: ``torch.compile`` and ``torch.export`` see
+# one opaque op per call instead of tracing the strided views (no graph break).
 
-    @staticmethod
-    def forward(ctx, q, k, v, segs: list[_Segment], scale: float | None):
-        b, t, h, dh = q.shape
-        out = q.new_empty(b, t, h, dh)  # (B, T, H, Dh)
-        lse = q.new_empty(b, t, h)  # (B, T, H): the kernel's own (rows, heads) layout
-        for bi in range(b):
-            for s in segs:
-                o, lg = flash_forward(
-                    _blocks(q, bi, s.q0, s.m, s.q_len, s.q_len),
-                    _blocks(k, bi, s.k0, s.m, s.q_len, s.k_len),
-                    _blocks(v, bi, s.k0, s.m, s.q_len, s.k_len),
-                    0.0,
-                    False,
-                    attn_mask=s.mask,
-                    scale=scale,
-                )  # (m, H, q_len, Dh), (m, H, q_len)
-                _blocks(out, bi, s.q0, s.m, s.q_len, s.q_len).copy_(o)
-                _rows(lse, bi, s).copy_(lg)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.segs, ctx.scale = segs, scale
-        return out
 
-    @staticmethod
-    def backward(ctx, grad):
-        q, k, v, out, lse = ctx.saved_tensors
-        if grad.stride(-1) != 1:
-            grad = grad.contiguous()
-        b = q.shape[0]
-        dq = torch.empty_like(q, memory_format=torch.contiguous_format)
-        dk = torch.zeros_like(k, memory_format=torch.contiguous_format)
-        dv = torch.zeros_like(v, memory_format=torch.contiguous_format)
-        for bi in range(b):
-            for s in ctx.segs:
-                gq, gk, gv = flash_backward(
-                    _blocks(grad, bi, s.q0, s.m, s.q_len, s.q_len),
-                    _blocks(q, bi, s.q0, s.m, s.q_len, s.q_len),
-                    _blocks(k, bi, s.k0, s.m, s.q_len, s.k_len),
-                    _blocks(v, bi, s.k0, s.m, s.q_len, s.k_len),
-                    _blocks(out, bi, s.q0, s.m, s.q_len, s.q_len),
-                    _rows(lse, bi, s),
-                    0.0,
-                    False,
-                    attn_mask=s.mask,
-                    scale=ctx.scale,
-                )  # (m, H, q_len, Dh), (m, H, k_len, Dh) x 2
-                _blocks(dq, bi, s.q0, s.m, s.q_len, s.q_len).copy_(gq)
-                # fold the windows back: one chunk-wide slice at a time (disjoint across m)
-                step = s.q_len if s.m > 1 else s.k_len
-                for j in range(0, s.k_len, step):
-                    piece = min(step, s.k_len - j)
-                    _blocks(dk, bi, s.k0 + j, s.m, s.q_len, piece).add_(gk[:, :, j : j + piece])
-                    _blocks(dv, bi, s.k0 + j, s.m, s.q_len, piece).add_(gv[:, :, j : j + piece])
-                del gq, gk, gv
-        return dq, dk, dv, None, None
+@torch.library.custom_op("effiformer::strided_local_forward", mutates_args=())
+def _forward_op(
+    q: Tensor, k: Tensor, v: Tensor, window: int, back: int, fwd: int, causal: bool,
+    scale: float | None,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """(B, T, H, Dh) x 3 -> out (B, T, H, Dh), lse (B, T, H)."""
+    b, t, h, dh = q.shape
+    segs = _segments(window, t, back, fwd, causal, q.dtype, q.device)
+    out = q.new_empty(b, t, h, dh)  # (B, T, H, Dh)
+    lse = q.new_empty(b, t, h)  # (B, T, H): the kernel's own (rows, heads) layout
+    for bi in range(b):
+        for s in segs:
+            o, lg = flash_forward(
+                _blocks(q, bi, s.q0, s.m, s.q_len, s.q_len),
+                _blocks(k, bi, s.k0, s.m, s.q_len, s.k_len),
+                _blocks(v, bi, s.k0, s.m, s.q_len, s.k_len),
+                0.0,
+                False,
+                attn_mask=s.mask,
+                scale=scale,
+            )  # (m, H, q_len, Dh), (m, H, q_len)
+            _blocks(out, bi, s.q0, s.m, s.q_len, s.q_len).copy_(o)
+            _rows(lse, bi, s).copy_(lg)
+    return out, lse
+
+
+@_forward_op.register_fake
+def _(q, k, v, window, back, fwd, causal, scale):
+    b, t, h, dh = q.shape
+    return q.new_empty(b, t, h, dh), q.new_empty(b, t, h)
+
+
+@torch.library.custom_op("effiformer::strided_local_backward", mutates_args=())
+def _backward_op(
+    grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, window: int,
+    back: int, fwd: int, causal: bool, scale: float | None,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """The forward's gradient with respect to q, k, v (each (B, T, H, Dh), contiguous)."""
+    if grad.stride(-1) != 1:
+        grad = grad.contiguous()
+    b, t = q.shape[:2]
+    segs = _segments(window, t, back, fwd, causal, q.dtype, q.device)
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dk = torch.zeros_like(k, memory_format=torch.contiguous_format)
+    dv = torch.zeros_like(v, memory_format=torch.contiguous_format)
+    for bi in range(b):
+        for s in segs:
+            gq, gk, gv = flash_backward(
+                _blocks(grad, bi, s.q0, s.m, s.q_len, s.q_len),
+                _blocks(q, bi, s.q0, s.m, s.q_len, s.q_len),
+                _blocks(k, bi, s.k0, s.m, s.q_len, s.k_len),
+                _blocks(v, bi, s.k0, s.m, s.q_len, s.k_len),
+                _blocks(out, bi, s.q0, s.m, s.q_len, s.q_len),
+                _rows(lse, bi, s),
+                0.0,
+                False,
+                attn_mask=s.mask,
+                scale=scale,
+            )  # (m, H, q_len, Dh), (m, H, k_len, Dh) x 2
+            _blocks(dq, bi, s.q0, s.m, s.q_len, s.q_len).copy_(gq)
+            # fold the windows back: one chunk-wide slice at a time (disjoint across m)
+            step = s.q_len if s.m > 1 else s.k_len
+            for j in range(0, s.k_len, step):
+                piece = min(step, s.k_len - j)
+                _blocks(dk, bi, s.k0 + j, s.m, s.q_len, piece).add_(gk[:, :, j : j + piece])
+                _blocks(dv, bi, s.k0 + j, s.m, s.q_len, piece).add_(gv[:, :, j : j + piece])
+            del gq, gk, gv
+    return dq, dk, dv
+
+
+@_backward_op.register_fake
+def _(grad, q, k, v, out, lse, window, back, fwd, causal, scale):
+    return (
+        torch.empty_like(q, memory_format=torch.contiguous_format),
+        torch.empty_like(k, memory_format=torch.contiguous_format),
+        torch.empty_like(v, memory_format=torch.contiguous_format),
+    )
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, *args = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.args = args
+
+
+def _backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = _backward_op(grad_out, q, k, v, out, lse, *ctx.args)
+    return dq, dk, dv, None, None, None, None, None
+
+
+_forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def _rows(lse: Tensor, bi: int, s: _Segment) -> Tensor:
@@ -196,5 +237,4 @@ def strided_local_attention(
     if window < 1 or back < 0 or fwd < 0:
         raise ValueError(f"window must be >= 1 and back, fwd >= 0, got {window}, {back}, {fwd}")
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
-    segs = _segments(window, q.shape[1], back, fwd, causal, q.dtype, q.device)
-    return _StridedLocal.apply(q, k, v, segs, scale)
+    return _forward_op(q, k, v, window, back, fwd, causal, scale)[0]
