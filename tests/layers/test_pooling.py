@@ -102,3 +102,32 @@ def test_upsample_repeats_windows_keeps_cls_and_zero_fills_truncated_tail():
 def test_bad_mode_is_rejected():
     with pytest.raises(ValueError, match="pooling mode"):
         pool_sequence(torch.randn(1, 4, 2), "median")
+
+
+def test_positions_as_integers_follow_the_pooled_tensors():
+    """Funnel's positions stay evenly spaced through every pooling, so (first, step, count)
+    describes them: the integer form equals pool_positions, and the distance table built from
+    the integers equals the one read from the tensors."""
+    import torch
+
+    from effiformer.attention.funnel_relative import progression_distances, relative_distances
+    from effiformer.layers.pooling import pool_positions, pool_progression
+
+    for n in range(1, 40):
+        for sep in (True, False):
+            for trunc in (True, False):
+                pos, prog = torch.arange(n), (0, 1, n)
+                for b in range(1, 4):
+                    if pos.numel() <= (2 if sep else 1):
+                        break
+                    new = pool_positions(pos, b, separate_cls=sep, truncate_seq=trunc)
+                    new_prog = pool_progression(*prog, b, separate_cls=sep, truncate_seq=trunc)
+                    first, step, count = new_prog
+                    assert torch.equal(new, first + step * torch.arange(count)), (n, sep, trunc, b)
+                    for q, qp, k, kp, shift in ((new, new_prog, pos, prog, 2),
+                                                (new, new_prog, new, new_prog, 1)):  # fmt: skip
+                        assert torch.equal(
+                            progression_distances(qp[0], kp[0], kp[1], qp[2], kp[2], shift),
+                            relative_distances(q, k, shift),
+                        )
+                    pos, prog = new, new_prog

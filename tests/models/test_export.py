@@ -20,7 +20,7 @@ def _one_thread():
     torch.set_num_threads(n)
 
 
-@pytest.mark.parametrize("name", ["vanilla-tiny", "routing-tiny", "xl-tiny"])
+@pytest.mark.parametrize("name", ["vanilla-tiny", "routing-tiny", "xl-tiny", "sparse-tiny"])
 def test_export_gives_the_eager_logits(name):
     torch.manual_seed(0)
     model = create_model(name).eval()

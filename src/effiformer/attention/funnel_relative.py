@@ -82,6 +82,7 @@ __all__ = [
     "FunnelRelativeAttention",
     "relative_shift",
     "relative_distances",
+    "progression_distances",
     "rel_sinusoid",
     "NEG_INF",
 ]
@@ -131,6 +132,17 @@ def relative_distances(q_pos: Tensor, k_pos: Tensor, shift: int) -> Tensor:
     top = int(q_pos[0] - k_pos[0]) + shift * tq * k_stride
     bottom = int(q_pos[0] - k_pos[-1])
     return torch.arange(top, bottom - 1, -k_stride, dtype=torch.long, device=q_pos.device)
+
+
+def progression_distances(
+    q_first: int, k_first: int, k_step: int, tq: int, tk: int, shift: int, device=None
+) -> Tensor:
+    """:func:`relative_distances` for positions given as integers (queries from ``q_first``,
+    ``tq`` of them; keys ``k_first + j * k_step``, ``tk`` of them): no tensor is read."""
+    k_step = k_step if tk > 1 else 1
+    top = (q_first - k_first) + shift * tq * k_step
+    bottom = q_first - (k_first + (tk - 1) * k_step)
+    return torch.arange(top, bottom - 1, -k_step, dtype=torch.long, device=device)
 
 
 def relative_shift(x: Tensor, tk: int, shift: int) -> Tensor:
@@ -484,8 +496,16 @@ class FunnelRelativeAttention(AttentionPart):
                 dist = torch.arange(-2 * seq_len, 2 * seq_len, device=ctx.device)
                 table = drop(rel_sinusoid(dist, self.dim).to(ctx.dtype))  # (4T, D)
                 ctx.scratch[key] = table
-            dist = relative_distances(q_pos, k_pos, shift) + 2 * seq_len
-            if int(dist.min()) < 0 or int(dist.max()) >= table.shape[0]:
+            qp, kp = extra.get("q_progression"), extra.get("k_progression")
+            if qp is not None and kp is not None:  # integers: no tensor read
+                dist = progression_distances(qp[0], kp[0], kp[1], qp[2], kp[2], shift, ctx.device)
+                lo = qp[0] - (kp[0] + (kp[2] - 1) * (kp[1] if kp[2] > 1 else 1))
+                hi = (qp[0] - kp[0]) + shift * qp[2] * (kp[1] if kp[2] > 1 else 1)
+            else:
+                dist = relative_distances(q_pos, k_pos, shift)
+                lo, hi = int(dist.min()), int(dist.max())
+            dist = dist + 2 * seq_len
+            if lo + 2 * seq_len < 0 or hi + 2 * seq_len >= table.shape[0]:
                 raise ValueError(
                     f"relative distances outside the sinusoid table of seq_len={seq_len}"
                 )

@@ -38,6 +38,7 @@ __all__ = [
     "pool_sequence",
     "stride_slice",
     "pool_positions",
+    "pool_progression",
     "pool_padding",
     "upsample",
 ]
@@ -120,6 +121,29 @@ def pool_positions(
         out = out.clone()
         out[0] = 1 - 2**block_index
     return out
+
+
+def pool_progression(
+    first: int,
+    step: int,
+    n: int,
+    block_index: int,
+    *,
+    separate_cls: bool = True,
+    truncate_seq: bool = True,
+) -> tuple[int, int, int]:
+    """:func:`pool_positions` on integers: positions ``first + i * step`` (i < n) of block
+    ``block_index - 1`` -> ``(first, step, n)`` of block ``block_index``. Funnel's positions are
+    evenly spaced at every block (the pooled [CLS] one stride before position 1), so three
+    integers describe them and the relative-position tables need no tensor read (one graph under
+    ``torch.compile``)."""
+    if block_index < 1:
+        raise ValueError(f"block_index must be >= 1 for a pooled block, got {block_index}")
+    if not separate_cls:
+        return first, 2 * step, -(-n // 2)
+    end = n - 1 if truncate_seq else n
+    rest = len(range(1, max(end, 1), 2))
+    return 1 - 2**block_index, 2 * step, 1 + rest
 
 
 def pool_padding(

@@ -69,6 +69,7 @@ from ..layers.heads import (
 from ..layers.pooling import (
     pool_padding,
     pool_positions,
+    pool_progression,
     pool_sequence,
     stride_slice,
     upsample,
@@ -202,6 +203,7 @@ class _Structure:
         self.c = config
         self.seq_len = seq_len
         self.pos = torch.arange(seq_len, device=device)  # (T,) positions
+        self.prog = (0, 1, seq_len)  # the same positions as integers: (first, step, count)
         self.types = token_types  # (B, T) token type ids, or None
         self.key_padding = key_padding  # (B, T) bool, True = real token
         self.dtype, self.device, self.training = dtype, device, training
@@ -218,6 +220,8 @@ class _Structure:
         q_types: Tensor | None,
         k_types: Tensor | None,
         mask: AttentionMask,
+        q_prog: tuple[int, int, int] | None = None,
+        k_prog: tuple[int, int, int] | None = None,
     ) -> PrepareContext:
         return PrepareContext(
             tq=q_pos.numel(),
@@ -234,12 +238,16 @@ class _Structure:
                 "k_types": k_types,
                 "cls_first": self.c.separate_cls,
                 "seq_len": self.seq_len,
+                "q_progression": q_prog,
+                "k_progression": k_prog,
             },
             scratch=self.scratch,
         )
 
     def self_context(self, mask: AttentionMask) -> PrepareContext:
-        return self.context(self.pos, self.pos, 1, self.types, self.types, mask)
+        return self.context(
+            self.pos, self.pos, 1, self.types, self.types, mask, self.prog, self.prog
+        )
 
 
 # --------------------------------------------------------------------------- encoder / decoder
@@ -333,18 +341,22 @@ class FunnelEncoder(nn.Module):
                 kw = st.kw()
                 pooled = pool_sequence(x, c.pooling, **kw)  # (B, T', D)
                 q_pos = pool_positions(st.pos, int(math.log2(stride)), **kw)
+                q_prog = pool_progression(*st.prog, int(math.log2(stride)), **kw)
                 q_types = None if st.types is None else stride_slice(st.types, 1, **kw)  # (B, T')
                 pooled_padding = pool_padding(st.key_padding, **kw)
                 if c.pool_q_only:
                     # First layer: pooled query/residual, unpooled keys and values (shift 2).
                     first_mask = AttentionMask(key_padding=st.key_padding)
-                    ctx = st.context(q_pos, st.pos, 2, q_types, st.types, first_mask)
+                    ctx = st.context(q_pos, st.pos, 2, q_types, st.types, first_mask,
+                                     q_prog, st.prog)  # fmt: skip
                     first = LayerCall(kv=x, mask=first_mask, ctx=ctx)
                 else:
                     first_mask = AttentionMask(key_padding=pooled_padding)
-                    ctx = st.context(q_pos, q_pos, 1, q_types, q_types, first_mask)
+                    ctx = st.context(q_pos, q_pos, 1, q_types, q_types, first_mask,
+                                     q_prog, q_prog)  # fmt: skip
                     first = LayerCall(mask=first_mask, ctx=ctx)
                 st.pos, st.types, st.key_padding = q_pos, q_types, pooled_padding
+                st.prog = q_prog
                 x = pooled
             mask = AttentionMask(key_padding=st.key_padding)
             out = stack(x, mask=mask, ctx=st.self_context(mask), first=first)
