@@ -75,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--factors", nargs="+", type=float, default=list(FACTORS))
     p.add_argument("--eval-tokens", type=int, default=131072,
                    help="characters of the validation split scored (default 131,072)")  # fmt: skip
+    p.add_argument("--whole-split", action="store_true",
+                   help="score the whole validation split instead of --eval-tokens")  # fmt: skip
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--plot-only", action="store_true", help="only redraw the table and plot")
     args = p.parse_args(argv)
@@ -113,8 +115,9 @@ def main(argv: list[str] | None = None) -> int:
             corpora[rec["task"]] = load_corpus(args.data / rel, fmt)
         for e in todo:
             over = {k: e[k] for k in ("mem_len", "cmem_len", "clamp_len") if k in e}
+            n_tokens = None if args.whole_split else args.eval_tokens
             task = LMTask(corpora[rec["task"]], seq_len=int(rec["overrides"]["seq_len"]),
-                          batch_size=1, eval_batch_size=1, eval_tokens=args.eval_tokens,
+                          batch_size=1, eval_batch_size=1, eval_tokens=n_tokens,
                           eval_overrides=over)  # fmt: skip
             t0 = time.perf_counter()
             with torch.no_grad():
@@ -122,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             row = {"key": _key(rec["cell"], e), "cell": rec["cell"], "mechanism": rec["mechanism"],
                    "seed": rec["seed"], "train": {k: rec["overrides"].get(k) for k in
                                                   ("seq_len", "mem_len", "cmem_len")},
-                   **e, "valid_bpc": bpc, "eval_tokens": args.eval_tokens,
+                   **e, "valid_bpc": bpc, "eval_tokens": n_tokens,
                    "eval_s": time.perf_counter() - t0}  # fmt: skip
             done[row["key"]] = row
             with open(results, "a") as f:
@@ -156,7 +159,8 @@ def _report(out: Path, rows: list[dict[str, Any]]) -> None:
         lines.append(f"| {mine[0]['mechanism']} s{mine[0]['seed']} (segment {t['seq_len']}, memory "
                      f"{mem}) | " + " | ".join(cells) + " |")  # fmt: skip
     n = rows[0]["eval_tokens"]
-    lines += ["", f"Validation bpc on the first {n:,} characters of the split, one stream, "
+    where = "the whole split" if n is None else f"the first {n:,} characters of the split"
+    lines += ["", f"Validation bpc on {where}, one stream, "
               "the trained weights unchanged; 'clamped': relative distances beyond the training "
               "context share one encoding (`clamp_len`)."]  # fmt: skip
     (out / "memory_eval.md").write_text("\n".join(lines) + "\n")

@@ -78,7 +78,7 @@ MECHANISMS: dict[str, Mechanism] = {
         Mechanism("xl", "xl", ("lm",), lambda task, t: None,
                   "Transformer-XL: segment S (T/2 unless the budget names it), memory T - S"),
         Mechanism("compressive", "compressive", ("lm",), lambda task, t: None,
-                  "Compressive: segment S (T/2 unless the budget names it), memory and compressed memory (T - S)/2 each (rate 3)"),
+                  "Compressive: segment S (T/2 unless the budget names it), memory and compressed memory (T - S)/2 each (compression rate 2, compressive-tiny's)"),
         Mechanism("funnel", "funnel", ("bidirectional",), lambda task, t: None,
                   "Funnel encoder, pooled blocks"),
         # ablations: one setting changed, to test an explanation of a weak row
