@@ -54,9 +54,9 @@ def _plan(rec: dict[str, Any], factors: tuple[float, ...]) -> list[dict[str, Any
     train_context = seg + mem + cmem
     plan = []
     for f in factors:
-        setting = {"mem_len": max(1, round(mem * f))}
+        setting = {"mem_len": round(mem * f)}  # factor 0: no memory (each segment alone)
         if cmem:
-            setting["cmem_len"] = max(1, round(cmem * f))
+            setting["cmem_len"] = round(cmem * f)
         plan.append({"factor": f, "clamp_len": None, **setting})
         if f > 1:
             plan.append({"factor": f, "clamp_len": train_context, **setting})
@@ -80,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--plot-only", action="store_true", help="only redraw the table and plot")
     args = p.parse_args(argv)
-    if any(f <= 0 for f in args.factors):
-        p.error(f"--factors must be positive, got {args.factors}")
+    if any(f < 0 for f in args.factors):
+        p.error(f"--factors must be >= 0, got {args.factors}")
     if args.eval_tokens <= 0:
         p.error(f"--eval-tokens must be positive, got {args.eval_tokens}")
     torch.set_num_threads(args.threads)
@@ -185,7 +185,7 @@ def _report(out: Path, rows: list[dict[str, Any]]) -> None:
             if pts:
                 ax.plot(*zip(*pts, strict=True), style,
                         label=label + (" (clamp_len = training context)" if clamp else ""))  # fmt: skip
-    ax.set_xscale("log", base=2)
+    ax.set_xscale("symlog", base=2, linthresh=0.5)
     ax.set_xlabel("evaluation memory / training memory")
     ax.set_ylabel("validation bpc")
     ax.set_title("Longer memory at evaluation (weights unchanged)")
