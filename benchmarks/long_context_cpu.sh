@@ -13,3 +13,17 @@ DATA=${DATA:-../shared/data}
 effiformer bench --part quality --budget cpu-long --tasks lm-ptb --lengths 4096 --lr 2e-3 \
     --seeds 1 --equal-time 900 --cell-timeout 5400 --data "$DATA" --out "$OUT" \
     --attention xl compressive dense local sparse-strided sparse-fixed adaptive-span routing lsh lsra
+
+# 2. second seed of dense (run beside step 1 once dense's seed 0 was recorded; the harness skips
+#    recorded cells, so the two processes never share a cell)
+effiformer bench --part quality --budget cpu-long --tasks lm-ptb --lengths 4096 --lr 2e-3 \
+    --seeds 2 --equal-time 900 --cell-timeout 5400 --data "$DATA" --out "$OUT" --attention dense
+
+# 3. the table and the plot against estimated quiet minutes
+python benchmarks/long_context_report.py --out "$OUT"
+
+# 4. Transformer-XL and Compressive with 0, 0.5, 1, 2, 4x their training memory at evaluation:
+#    the T = 1,024 models of the quality table (benchmarks/quality_lm_cpu.sh), which learned to
+#    use context; the cpu-long ones stayed at the unigram level within their 71-72 steps
+python benchmarks/long_context_memory.py --out benchmarks/results/quality_cpu_lm --data "$DATA" \
+    --whole-split --factors 0 0.5 1 2 4
