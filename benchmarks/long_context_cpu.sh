@@ -19,6 +19,11 @@ effiformer bench --part quality --budget cpu-long --tasks lm-ptb --lengths 4096 
 effiformer bench --part quality --budget cpu-long --tasks lm-ptb --lengths 4096 --lr 2e-3 \
     --seeds 2 --equal-time 900 --cell-timeout 5400 --data "$DATA" --out "$OUT" --attention dense
 
+# 2b. dense continued to sparse strided's 1,060 steps (equal steps: is sparse's win only its
+#     cheaper step?), in a folder of its own
+python benchmarks/quality_extend.py --from "$OUT" --cell lm-ptb/dense/T4096/lr0.002/s0 \
+    --steps 1060 --out benchmarks/results/long_context_cpu_dense_equal_steps --data "$DATA"
+
 # 3. the table and the plot against estimated quiet minutes
 python benchmarks/long_context_report.py --out "$OUT"
 
