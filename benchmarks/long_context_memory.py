@@ -10,8 +10,8 @@ and 4x the training size, and, above 1x, once more with ``clamp_len`` at the lon
 in training (segment + memory: distances beyond it share one relative-position encoding).
 
 Evaluation is one contiguous stream (batch 1, so a stream is long enough to fill even the 4x
-memory) over the first ``--eval-tokens`` characters of the validation split; the records say how
-many. Resumable: each (cell, factor, clamp) is one line of ``OUT/memory_eval.jsonl`` and is skipped
+memory) over the first ``--eval-tokens`` characters of the validation split, or all of it with
+``--whole-split``; the records say how many. Resumable: each (cell, factor, clamp) is one line of ``OUT/memory_eval.jsonl`` and is skipped
 when present. Writes ``OUT/memory_eval.md`` (table) and ``OUT/memory_eval.png`` (bpc against
 evaluation memory).
 
