@@ -7,12 +7,15 @@ from the ``shared_data`` / ``shared_tool`` fixtures, never from a path of their 
   checkout); the tools are looked up in ``../shared/tools``.
 * Where a file is missing the test is skipped with a message naming what is missing and how to
   point at it, so the suite passes in a clone without the data (``pytest -ra`` lists the skips).
+* ``bench_script("name")`` loads ``benchmarks/name.py`` as a module (each call a fresh one), for
+  the tests that drive a benchmark script through its ``main``.
 * ``EFFIFORMER_REQUIRE_DATA=1`` (``.ci/run`` sets it; CI always has ``../shared``) turns those
   skips into failures, so CI proves everything the data tests prove.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -99,3 +102,20 @@ def data_env(shared_data, monkeypatch):
         return path
 
     return get
+
+
+@pytest.fixture(scope="session")
+def bench_script():
+    """``bench_script("quality_extend")`` -> ``benchmarks/quality_extend.py`` loaded as a fresh
+    module (its own module-level state each call)."""
+
+    def load(name: str):
+        path = ROOT / "benchmarks" / f"{name}.py"
+        if not path.is_file():
+            raise FileNotFoundError(f"no benchmark script {path}")
+        spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load

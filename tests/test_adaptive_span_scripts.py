@@ -1,7 +1,6 @@
 """benchmarks/adaptive_span_vs_dense.py and benchmarks/adaptive_span_report.py run and record
 what they claim (tiny sizes, fixed steps: nothing here is timed)."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -12,18 +11,11 @@ from effiformer import load_model
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(
-        f"bench_{name}", ROOT / "benchmarks" / f"{name}.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_comparison_records_bpc_and_learned_spans_then_the_report_reads_them(tmp_path, data_env):
+def test_comparison_records_bpc_and_learned_spans_then_the_report_reads_them(
+    tmp_path, data_env, bench_script
+):
     data_env("tinyshakespeare/input.txt")  # the script's corpus
-    vs_dense, report = _script("adaptive_span_vs_dense"), _script("adaptive_span_report")
+    vs_dense, report = bench_script("adaptive_span_vs_dense"), bench_script("adaptive_span_report")
     out = tmp_path / "out"
     threads = torch.get_num_threads()
     try:

@@ -1,7 +1,6 @@
 """The scripts under benchmarks/ that produce the README's figures still run and record what
 the README reads from them (tiny sizes, fixed steps: nothing here is timed)."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -18,18 +17,11 @@ from effiformer.tasks import LMTask
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(
-        f"bench_{name}", ROOT / "benchmarks" / f"{name}.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_xl_vs_vanilla_records_longer_memory_evaluations_and_saves_models(tmp_path, data_env):
+def test_xl_vs_vanilla_records_longer_memory_evaluations_and_saves_models(
+    tmp_path, data_env, bench_script
+):
     data_env("tinyshakespeare/input.txt")  # the script's corpus
-    xl_vs_vanilla = _script("xl_vs_vanilla")
+    xl_vs_vanilla = bench_script("xl_vs_vanilla")
     out = tmp_path / "out"
     threads = torch.get_num_threads()
     try:
@@ -61,11 +53,11 @@ def test_xl_vs_vanilla_records_longer_memory_evaluations_and_saves_models(tmp_pa
     assert abs(task.evaluate(saved, "valid")["bpc"] - records["xl-small"]["val"]) < 1e-9
 
 
-def test_funnel_flops_counts_the_dense_encoder_exactly():
+def test_funnel_flops_counts_the_dense_encoder_exactly(bench_script):
     """The FLOP counter sees every matmul of the dense row, SDPA's CPU kernels included (they
     have no formula in PyTorch): 18 layers x (3 x projections and FFN + 3.5 x attention), plus the
     tied LM head's forward (its logits are computed but not in the loss)."""
-    funnel_flops = _script("funnel_flops")
+    funnel_flops = bench_script("funnel_flops")
     torch.manual_seed(0)
     r = funnel_flops.encoder_pair(64, 32, 1)
     b, t, d, f, n_layers, vocab = 1, 32, 64, 256, 18, 1000
@@ -76,8 +68,8 @@ def test_funnel_flops_counts_the_dense_encoder_exactly():
     assert 0.5 < r["ratio"] < 0.7  # pooling halves the length twice; relative attention costs more
 
 
-def test_sparse_flops_counts_the_pattern_and_the_plan(tmp_path):
-    sparse_flops = _script("sparse_flops")
+def test_sparse_flops_counts_the_pattern_and_the_plan(tmp_path, bench_script):
+    sparse_flops = bench_script("sparse_flops")
     out = tmp_path / "flops.jsonl"
     assert sparse_flops.main(["--lengths", "1024", "--out", str(out)]) == 0
     rows = {r["config"]: r for r in map(json.loads, out.read_text().splitlines())}
@@ -88,8 +80,8 @@ def test_sparse_flops_counts_the_pattern_and_the_plan(tmp_path):
     assert fixed["flop_limit_layer"] < fixed["flop_limit_attention"]
 
 
-def test_sparse_speed_times_every_workload_interleaved(tmp_path):
-    sparse_speed = _script("sparse_speed")
+def test_sparse_speed_times_every_workload_interleaved(tmp_path, bench_script):
+    sparse_speed = bench_script("sparse_speed")
     out = tmp_path / "speed.jsonl"
     threads = torch.get_num_threads()
     try:
@@ -101,12 +93,12 @@ def test_sparse_speed_times_every_workload_interleaved(tmp_path):
     assert {"sdpa", "vanilla-small", "sparse-bench-fixed-128"} <= names
 
 
-def test_lm_mechanisms_rows_build_the_named_attention_in_the_same_decoder():
+def test_lm_mechanisms_rows_build_the_named_attention_in_the_same_decoder(bench_script):
     import sys
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
-        rows = _script("lm_mechanisms_tinyshakespeare").ROWS
+        rows = bench_script("lm_mechanisms_tinyshakespeare").ROWS
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
     from effiformer import create_model, get_config
@@ -178,10 +170,10 @@ def test_every_data_script_is_listed():
 
 
 @pytest.mark.parametrize("name", sorted(DATA_SCRIPTS))
-def test_a_script_without_its_data_stops_first_with_one_line(name, tmp_path, capsys):
+def test_a_script_without_its_data_stops_first_with_one_line(name, tmp_path, capsys, bench_script):
     empty = tmp_path / "empty"
     empty.mkdir()
-    module = _script(name)
+    module = bench_script(name)
     threads = torch.get_num_threads()
     try:
         with pytest.raises(SystemExit) as stop:
@@ -225,10 +217,10 @@ def test_the_readme_commands_without_data_print_one_line_not_a_traceback(tmp_pat
     assert sorted(os.listdir(tmp_path)) == ["empty"]
 
 
-def test_the_gpu_suite_runs_its_stages_at_tiny_size_on_the_cpu(tmp_path):
+def test_the_gpu_suite_runs_its_stages_at_tiny_size_on_the_cpu(tmp_path, bench_script):
     """benchmarks/gpu_suite.py, prepared for a lent GPU, runs here at toy sizes: every stage
     recorded with its status and time, the layer cells measured, the quality cells finished."""
-    gpu_suite = _script("gpu_suite")
+    gpu_suite = bench_script("gpu_suite")
     out = tmp_path / "gs"
     threads = torch.get_num_threads()
     try:

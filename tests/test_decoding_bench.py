@@ -1,7 +1,6 @@
 """The decoding-latency function HAT-style measurements go through, and the translation benchmark
 scripts at tiny sizes (structure only: nothing here asserts a time)."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -20,15 +19,6 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
-
-
-def _script(name):
-    spec = importlib.util.spec_from_file_location(
-        f"bench_{name}", ROOT / "benchmarks" / f"{name}.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_trimmed_mean_drops_the_outer_deciles():
@@ -53,10 +43,10 @@ def test_decoding_latency_runs_exactly_the_requested_steps():
 
 @pytest.mark.slow
 @pytest.mark.reference
-def test_decoding_vs_hf_script_runs(tmp_path):
+def test_decoding_vs_hf_script_runs(tmp_path, bench_script):
     pytest.importorskip("transformers")
     out = tmp_path / "r.jsonl"
-    script = _script("decoding_vs_hf")
+    script = bench_script("decoding_vs_hf")
     assert script.main([
         "--model", "seq2seq-tiny", "--vocab-size", "64", "--src-len", "6", "--beam", "2",
         "--warmup", "1", "--runs", "1", "--rounds", "1", "--out", str(out),
@@ -69,9 +59,9 @@ def test_decoding_vs_hf_script_runs(tmp_path):
 
 
 @pytest.mark.slow
-def test_translation_multi30k_script_runs(tmp_path, data_env):
+def test_translation_multi30k_script_runs(tmp_path, data_env, bench_script):
     data_env("multi30k")
-    script = _script("translation_multi30k")
+    script = bench_script("translation_multi30k")
     assert script.main([
         "--max-steps", "2", "--time-budget", "600", "--eval-every", "0", "--eval-sentences", "4",
         "--test-sentences", "3", "--beam", "2", "--vocab-size", "500", "--max-tokens", "512",
@@ -86,7 +76,7 @@ def test_translation_multi30k_script_runs(tmp_path, data_env):
     ).is_file()
 
 
-def test_translation_multi30k_script_on_a_tiny_folder(tmp_path):
+def test_translation_multi30k_script_on_a_tiny_folder(tmp_path, bench_script):
     """The script's pipeline (TranslationTask, effiformer.train.train with the seq2seq recipe,
     evaluate_run) on a synthetic folder: no data set needed."""
     import random
@@ -101,7 +91,7 @@ def test_translation_multi30k_script_on_a_tiny_folder(tmp_path):
         (data / f"{split}.de").write_text(
             "".join(" ".join(words[w] for w in p) + ".\n" for p in pairs)
         )
-    script = _script("translation_multi30k")
+    script = bench_script("translation_multi30k")
     out = tmp_path / "out"
     assert script.main([
         "--data", str(data), "--max-steps", "4", "--time-budget", "600", "--eval-every", "2",

@@ -1,7 +1,6 @@
 """The HAT benchmark scripts run end to end at tiny sizes (slow: a few minutes together; nothing
 here is timed or compared)."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -10,15 +9,6 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "hat-latency"
-
-
-def _script(name):
-    spec = importlib.util.spec_from_file_location(
-        f"bench_{name}", ROOT / "benchmarks" / f"{name}.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(autouse=True)
@@ -44,24 +34,24 @@ def _folder(d):
 
 
 @pytest.mark.slow
-def test_supernet_latency_and_search_scripts(tmp_path):
+def test_supernet_latency_and_search_scripts(tmp_path, bench_script):
     data = _folder(tmp_path)
     sup = tmp_path / "super"
-    assert _script("hat_supernet_multi30k").main([
+    assert bench_script("hat_supernet_multi30k").main([
         "--data", str(data), "--model", "hat-tiny", "--vocab-size", "80", "--steps", "3",
         "--max-tokens", "120", "--eval-sentences", "2", "--threads", "1", "--out", str(sup),
     ]) == 0  # fmt: skip
     final = json.loads((sup / "results.jsonl").read_text().splitlines()[-1])
     assert final["kind"] == "final" and final["step"] == 3
     lat = tmp_path / "lat"
-    assert _script("hat_latency_multi30k").main([
+    assert bench_script("hat_latency_multi30k").main([
         "--space", "tiny", "--n", "12", "--runs", "1", "--warmup", "0", "--vocab-size", "64",
         "--src-len", "6", "--steps", "30", "--out", str(lat),
     ]) == 0  # fmt: skip
     rec = json.loads((lat / "predictor.json").read_text())
     assert rec["rows"] == 12 and "macs_linear" in rec["test"]
     out = tmp_path / "search"
-    assert _script("hat_search_multi30k").main([
+    assert bench_script("hat_search_multi30k").main([
         "--super", str(sup), "--predictor", str(lat / "predictor.pt"), "--limits", "1e6",
         "--data", str(data), "--iterations", "1", "--population", "6", "--parents", "2",
         "--mutations", "2", "--crossovers", "2", "--fitness-sentences", "4", "--train-steps",
@@ -79,9 +69,9 @@ def test_supernet_latency_and_search_scripts(tmp_path):
 
 
 @pytest.mark.slow
-def test_beyond_script(tmp_path):
+def test_beyond_script(tmp_path, bench_script):
     out = tmp_path / "beyond"
-    assert _script("hat_beyond").main([
+    assert bench_script("hat_beyond").main([
         "--model", "vanilla-tiny", "--choices", "attention.window=16,32", "n_layers=1,2",
         "--seq-len", "64", "--n", "12", "--runs", "1", "--warmup", "0", "--steps", "30",
         "--population", "5", "--iterations", "2", "--limits", "1e6", "--out", str(out),
@@ -93,8 +83,8 @@ def test_beyond_script(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not DATA.is_dir(), reason="HAT's latency files are not in ../shared/data")
-def test_predictor_released_script(tmp_path):
-    assert _script("hat_predictor_released").main([
+def test_predictor_released_script(tmp_path, bench_script):
+    assert bench_script("hat_predictor_released").main([
         "--data", str(DATA), "--devices", "xeon", "--steps", "20", "--out", str(tmp_path),
     ]) == 0  # fmt: skip
     rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]

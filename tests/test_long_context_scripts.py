@@ -4,7 +4,6 @@ trained XL and Compressive models with scaled memory (weights unchanged), resumi
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -15,16 +14,7 @@ from effiformer.bench.quality import run_quality
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(
-        f"bench_{name}", ROOT / "benchmarks" / f"{name}.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_report_and_memory_curves_from_an_equal_compute_run(tmp_path, shared_data):
+def test_report_and_memory_curves_from_an_equal_compute_run(tmp_path, shared_data, bench_script):
     shared_data("ptb")
     out = tmp_path / "lc"
     threads = torch.get_num_threads()
@@ -32,7 +22,7 @@ def test_report_and_memory_curves_from_an_equal_compute_run(tmp_path, shared_dat
         recs = run_quality(["lm-ptb"], ["dense", "xl", "compressive"], budget="smoke", out=out,
                            data=shared_data.root, progress=False, plot=False, equal_time=0.3)  # fmt: skip
         assert [r["status"] for r in recs] == ["ok"] * 3
-        text = _script("long_context_report").report(out)
+        text = bench_script("long_context_report").report(out)
         timing = json.loads((out / "timing.json").read_text())
         for r in recs:
             key = f"lm-ptb/{r['mechanism']}/T64"
@@ -42,7 +32,7 @@ def test_report_and_memory_curves_from_an_equal_compute_run(tmp_path, shared_dat
             assert f"| {r['steps']:,} |" in row and f"{r['valid']:.3f} (1)" in row
             assert r["equal_time"]["step_s_quiet"] == timing[key]["step_s"]
         assert (out / "equal_compute.md").is_file() and (out / "equal_compute.png").is_file()
-        memory = _script("long_context_memory")
+        memory = bench_script("long_context_memory")
         argv = ["--out", str(out), "--data", str(shared_data.root), "--eval-tokens", "1024"]
         assert memory.main(argv) == 0
     finally:

@@ -1,7 +1,6 @@
 """The Reformer benchmark scripts run end to end at tiny sizes and record what docs/reformer.md
 reads from them (fixed steps: nothing here is timed)."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -10,23 +9,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(
-        f"bench_{name}", ROOT / "benchmarks" / f"{name}.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_duplication_script_trains_lsh_1_and_evaluates_several_hash_counts(tmp_path):
+def test_duplication_script_trains_lsh_1_and_evaluates_several_hash_counts(tmp_path, bench_script):
     threads = torch.get_num_threads()
     try:
-        assert _script("reformer_duplication").main([
+        assert bench_script("reformer_duplication").main([
             "--seq-len", "32", "--vocab", "8", "--dim", "32", "--heads", "2", "--chunk-len", "4",
             "--steps", "3", "--batch", "4", "--eval-sequences", "4", "--eval-hashes", "1", "2",
             "--threads", "1", "--out", str(tmp_path),
@@ -40,11 +30,11 @@ def test_duplication_script_trains_lsh_1_and_evaluates_several_hash_counts(tmp_p
     assert all(0.0 <= r["accuracy"] <= 1.0 and r["tokens"] == 4 * 15 for r in lines[2:])
 
 
-def test_lm_vs_dense_script_records_every_model(tmp_path, data_env):
+def test_lm_vs_dense_script_records_every_model(tmp_path, data_env, bench_script):
     data_env("tinyshakespeare/input.txt")  # the script's corpus, resolved when it is loaded
     threads = torch.get_num_threads()
     try:
-        assert _script("reformer_lm_vs_dense").main([
+        assert bench_script("reformer_lm_vs_dense").main([
             "--steps", "2", "--seq-len", "32", "--batch", "2", "--eval-tokens", "200",
             "--eval-batch", "2", "--threads", "1", "--out", str(tmp_path),
             "--set", "dim=32", "n_heads=2", "n_layers=1", "ffn_dim=64",
