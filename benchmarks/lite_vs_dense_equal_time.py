@@ -55,7 +55,7 @@ import torch
 from effiformer import create_model
 from effiformer.bench import environment
 from effiformer.data import ParallelData
-from effiformer.flops import count_parameters, seq2seq_mult_adds
+from effiformer.flops import count_parameters
 from effiformer.metrics import translation_scores
 from effiformer.tasks.translation import TranslationTask
 from effiformer.train import TrainConfig, train

@@ -54,6 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..ops.tracing import tracing
 from .base import keep_init
 
 __all__ = [
@@ -119,13 +120,17 @@ def depthwise_conv(
     shared = weight.dim() == 2
     if method == "conv1d" and not shared:
         raise ValueError("method='conv1d' needs one (H, K) kernel for every position")
-    # Taps that only ever meet padding: offset k - P outside [-(T-1), T-1].
-    lo, hi = max(0, padding_l - (t - 1)), min(k, padding_l + t)
+    traced = tracing()  # T may be symbolic: no branch on it (one graph for every length)
+    # Taps that only ever meet padding: offset k - P outside [-(T-1), T-1] (dropping them is a
+    # shortcut; kept while tracing they multiply zeros).
+    lo, hi = (0, k) if traced else (max(0, padding_l - (t - 1)), min(k, padding_l + t))
     if lo > 0 or hi < k:
         weight = weight[..., lo:hi]
         padding_l, k = padding_l - lo, hi - lo
     xp = F.pad(x, (0, 0, padding_l, k - 1 - padding_l))  # (B, T + K - 1, C)
-    if method == "auto":
+    if method == "auto" and traced:
+        method = "conv1d" if shared and k <= 15 else "unfold"
+    elif method == "auto":
         method = "conv1d" if shared and t >= 128 and k <= 15 else "band"
     return conv_padded(xp, weight, method=method, block=block)
 

@@ -3,7 +3,7 @@ print). Nothing in the library imports this package.
 
 One module per subcommand, each with ``add_parser(subparsers)`` and ``run(args) -> int``:
 :mod:`.list_cmd`, :mod:`.train_cmd`, :mod:`.eval_cmd`, :mod:`.generate_cmd`,
-:mod:`.translate_cmd`, :mod:`.bench_cmd`. Task options become flags generically (:mod:`.flags`),
+:mod:`.translate_cmd`, :mod:`.bench_cmd`, :mod:`.export_cmd`. Task options become flags generically (:mod:`.flags`),
 so a newly registered task needs no change here.
 
 Errors: every exception a command raises reaches the user as one line on stderr and a non-zero
@@ -23,6 +23,7 @@ from . import (
     average_cmd,
     bench_cmd,
     eval_cmd,
+    export_cmd,
     generate_cmd,
     list_cmd,
     search_cmd,
@@ -58,6 +59,7 @@ COMMANDS = {
     "eval": eval_cmd,
     "generate": generate_cmd,
     "translate": translate_cmd,
+    "export": export_cmd,
     "bench": bench_cmd,
     "search": search_cmd,
     "average": average_cmd,

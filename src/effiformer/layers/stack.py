@@ -70,6 +70,11 @@ def prefix_keys(d: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
     return {f"{prefix}{k}": v for k, v in d.items()}
 
 
+def _hashable(n: Any) -> Any:
+    """An int as it is; a symbolic size (SymInt) as its expression."""
+    return n if isinstance(n, int) else str(n)
+
+
 def _attn(block: nn.Module) -> nn.Module | None:
     return getattr(block, "attn", None)
 
@@ -162,7 +167,9 @@ class LayerStack(nn.Module):
         attn = _attn(self[i])
         if attn is None or not hasattr(attn, "prepare"):
             return None
-        key = (self._group_of[i], id(ctx), ctx.tq, tk)
+        # lengths are SymInts under torch.export/compile with dynamic shapes (unhashable): their
+        # expressions name them as well within one trace
+        key = (self._group_of[i], id(ctx), _hashable(ctx.tq), _hashable(tk))
         if key not in cache:
             c = ctx if tk == ctx.tk else _with_keys(ctx, tk)
             cache[key] = (attn.prepare(c, self.shared_for(i)), ctx)  # ctx kept alive for id()

@@ -8,10 +8,29 @@ at a tensor's values (an input check, "is any row padded?"), so that ``torch.com
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor
 
-__all__ = ["can_read_values", "tracing"]
+__all__ = ["can_read_values", "general_path", "tracing"]
+
+_LOCAL = threading.local()
+
+
+@contextlib.contextmanager
+def general_path() -> Iterator[None]:
+    """Within it, :func:`can_read_values` is False everywhere, so eager code takes the path a
+    traced graph takes (a padding mask stays a tensor where eager would drop an all-True one):
+    what :mod:`effiformer.export` builds its example inputs with."""
+    before = getattr(_LOCAL, "general", False)
+    _LOCAL.general = True
+    try:
+        yield
+    finally:
+        _LOCAL.general = before
 
 
 def tracing() -> bool:
@@ -29,6 +48,6 @@ def can_read_values(t: Tensor) -> bool:
     tracing. Reading a traced tensor is data-dependent (a graph break, no export); reading a CUDA
     tensor is a host sync. Callers take the general path (or skip a check that something else
     also makes) when this is False."""
-    if t.device.type != "cpu" or tracing():
+    if t.device.type != "cpu" or tracing() or getattr(_LOCAL, "general", False):
         return False
     return not isinstance(t, torch._subclasses.FakeTensor)
