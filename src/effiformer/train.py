@@ -131,7 +131,9 @@ class TrainConfig:
     checkpoints to keep (None: all). ``model_name``, ``task`` and ``task_options`` are recorded
     in checkpoints (the registered model and task names and the options the task was built
     from, so that ``effiformer train --resume`` and ``effiformer eval`` can rebuild it); the
-    loop does not read them.
+    loop does not read them. ``compile``: a ``torch.compile`` backend (``"inductor"``, or
+    ``"aot_eager"`` to trace without generating code) the training forward and backward run
+    under (None: eager); evaluation, checkpoints and the weights stay the plain module's.
     """
 
     steps: int | None = 1000
@@ -164,10 +166,16 @@ class TrainConfig:
     task: str | None = None
     task_options: dict[str, Any] | None = None
     find_unused_parameters: bool = False
+    compile: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("grad_accum", "log_every"):
             _check_int(name, getattr(self, name), 1)
+        if self.compile is not None and (not isinstance(self.compile, str) or not self.compile):
+            raise ConfigError(
+                f"compile must be a torch.compile backend name (e.g. 'inductor') or None, got "
+                f"{self.compile!r}"
+            )
         if self.steps is not None:
             _check_int("steps", self.steps, 1)
         elif self.time_budget is None and self.resume is None:
@@ -876,6 +884,9 @@ def _train(model: nn.Module, task: Any, config: TrainConfig, d: _Dist, stop: Any
             device_ids=[device.index] if device.type == "cuda" else None,
             find_unused_parameters=config.find_unused_parameters,
         )
+    if config.compile is not None:
+        runner = torch.compile(runner, backend=config.compile)
+        logger.info("training forward and backward under torch.compile(backend=%r)", config.compile)
     batches: Iterator[Any] = task.train_batches(module, d.rank, d.world)
     init_state = getattr(module, "init_state", None)
     apply_updates = getattr(module, "apply_updates", None)

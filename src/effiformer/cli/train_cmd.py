@@ -138,6 +138,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="bf16 autocast (default: on for CUDA with bf16, off on CPU)",
     )
     p.add_argument(
+        "--compile",
+        nargs="?",
+        const="inductor",
+        metavar="BACKEND",
+        help="train under torch.compile (default backend inductor; aot_eager traces without "
+        "code generation); the first steps of each new shape compile",
+    )
+    p.add_argument(
         "--steps",
         type=positive_int,
         help="total optimiser steps (default 1000; with --time-budget: as many as fit)",
@@ -296,6 +304,7 @@ def run(args: argparse.Namespace) -> int:
         seed=seed,
         device=_pick(args.device, saved, "device", "auto"),
         bf16=_pick(args.bf16, saved, "bf16", None),
+        compile=_pick(args.compile, saved, "compile", None),
         time_budget=args.time_budget,
         planned_warmup_cap=None if "warmup" in overrides else 0.1,
         eval_every=eval_every or None,
