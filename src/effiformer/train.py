@@ -59,7 +59,6 @@ import logging
 import math
 import os
 import random
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -810,10 +809,9 @@ class _BudgetPlanner:
 
 
 def _train(model: nn.Module, task: Any, config: TrainConfig, d: _Dist, stop: Any) -> TrainHistory:
-    from tqdm.auto import tqdm
     from tqdm.contrib.logging import logging_redirect_tqdm
 
-    from .progress import TqdmLoggingHandler, progress_enabled
+    from .progress import TqdmLoggingHandler, progress_bar, progress_enabled
 
     t_begin = time.monotonic()
     device = _resolve_device(config.device, d)
@@ -976,14 +974,14 @@ def _train(model: nn.Module, task: Any, config: TrainConfig, d: _Dist, stop: Any
     if step >= limit:
         logger.info("already at step %d of %d: nothing to train", step, int(limit))
     planner = _BudgetPlanner(config, plan, step)
-    bar = tqdm(
-        total=None if math.isinf(limit) else int(limit),
-        initial=step,
-        desc="train",
-        file=sys.stderr,
-        disable=not show,
-        dynamic_ncols=True,
-    )
+    with progress_enabled(show):
+        bar = progress_bar(
+            None if math.isinf(limit) else int(limit),
+            initial=step,
+            desc="train",
+            unit="step",
+            leave=True,
+        )
     # tqdm's redirect swaps console handlers for its own; a handler that already writes through
     # tqdm (the command line's) stays, and redirecting beside it printed every line twice
     routed = any(isinstance(h, TqdmLoggingHandler) for h in logging.getLogger().handlers)

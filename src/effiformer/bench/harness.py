@@ -724,7 +724,7 @@ def run_bench(
     else:
         limit, limit_why = _available_mib(dev)
 
-    from tqdm.auto import tqdm
+    from ..progress import progress_bar, progress_enabled
 
     out_dir.mkdir(parents=True, exist_ok=True)
     if force:
@@ -735,10 +735,8 @@ def run_bench(
     try:
         with (
             open(results_path, "a" if append else "w") as fh,
-            tqdm(
-                total=len(cells), desc="bench", unit="cell", file=sys.stderr,
-                disable=not progress,
-            ) as bar,
+            progress_enabled(progress),
+            progress_bar(len(cells), desc="bench", unit="cell", leave=True) as bar,
         ):  # fmt: skip
             for c in cells:
                 bar.set_postfix_str(f"{c['label']} {c['part']} T={c['seq_len']}")

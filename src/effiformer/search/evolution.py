@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -159,13 +158,14 @@ def evolve(
             evaluated.append(Evaluated(gene, cand, lat, fit_cache[k]))
         return fit_cache[k]
 
-    from tqdm.auto import tqdm
+    from ..progress import progress_bar, progress_enabled
 
     popu = [feasible(random_gene) for _ in range(population)]
     history: list[dict[str, Any]] = []
     best_gene: tuple = popu[0]
     best_fit = math.inf
-    bar = tqdm(total=iterations, desc="evolve", file=sys.stderr, disable=not progress)
+    with progress_enabled(progress):
+        bar = progress_bar(iterations, desc="evolve", unit="iteration", leave=True)
     try:
         for it in range(iterations):
             scores = [score(g) for g in popu]

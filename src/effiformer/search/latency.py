@@ -26,7 +26,6 @@ import json
 import logging
 import math
 import os
-import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -234,7 +233,7 @@ def resumable_dataset(
     ``draw(i)`` -> (the sidecar record, the feature values), then ``measure(i, record)`` -> the
     measured values; ``meta`` (the settings) must equal a resumed dataset's. Rows are appended
     as they are measured (sidecar first), so a killed run loses at most the row in flight."""
-    from tqdm.auto import tqdm
+    from ..progress import progress_bar, progress_enabled
 
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive int, got {n!r}")
@@ -260,7 +259,8 @@ def resumable_dataset(
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
         _rewrite(path, side, header, meta, [], [])
-    bar = tqdm(total=n, initial=done, desc="latency", file=sys.stderr, disable=not progress)
+    with progress_enabled(progress):
+        bar = progress_bar(n, initial=done, desc="latency", unit="model", leave=True)
     try:
         with open(path, "a") as fc, open(side, "a") as fs:
             for i in range(done, n):
