@@ -49,7 +49,7 @@ from effiformer.config import parse_overrides
 from effiformer.data import load_corpus
 from effiformer.registry import family_config_class, get_spec
 from effiformer.tasks import LMTask
-from effiformer.train import TrainConfig, clip_gradients, train
+from effiformer.train import TrainConfig, train
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -98,27 +98,6 @@ def _overrides(args: argparse.Namespace, name: str, vocab: int) -> dict:
     return over
 
 
-def _steps_per_budget(name: str, over: dict, task: LMTask, args: argparse.Namespace) -> int:
-    """Schedule length: 10 timed steps (after 3 warm-up steps) of a throwaway copy; the mean
-    step, so that the schedule ends near the budget."""
-    torch.manual_seed(args.seed)
-    model = create_model(BASE[name], **over)
-    batches = task.train_batches(model, 0, 1)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    state, t0 = None, 0.0
-    for i in range(13):
-        if i == 3:
-            t0 = time.perf_counter()
-        batch = next(batches)
-        out = task.forward(model, batch, state)
-        out.total_loss.backward()
-        clip_gradients(model, args.clip)
-        opt.step()
-        opt.zero_grad()
-        state = None if out.state is None else tuple(s.detach() for s in out.state)
-    return max(20, int(0.95 * args.time_budget * 10 / (time.perf_counter() - t0)))
-
-
 def _span_summary(model: torch.nn.Module) -> dict | None:
     rows = span_report(model)
     if not rows:
@@ -153,13 +132,14 @@ def run_one(args: argparse.Namespace, corpus, name: str, out: Path) -> dict:
         eval_batch_size=args.eval_batch,
         eval_tokens=args.eval_tokens or None,
     )
-    steps = args.steps or _steps_per_budget(name, over, task, args)
     torch.manual_seed(args.seed)
     model = create_model(BASE[name], **over)
     config = TrainConfig(
-        steps=steps,
+        # a --time-budget run: train() times its first steps and sizes the schedule to the
+        # steps that fit, warmup capped at a tenth of them
+        steps=args.steps or None,
         lr=args.lr,
-        warmup=min(args.warmup, steps // 10),
+        warmup=min(args.warmup, args.steps // 10) if args.steps else args.warmup,
         time_budget=None if args.steps else args.time_budget,
         eval_every=None,
         device="cpu",
@@ -186,7 +166,7 @@ def run_one(args: argparse.Namespace, corpus, name: str, out: Path) -> dict:
         "batch": args.batch,
         "lr": args.lr,
         "seq_len": args.seq_len,
-        "schedule_steps": steps,
+        "schedule_steps": history.schedule_steps or history.step,
         "steps": history.step,
         "stop_reason": history.stop_reason,
         "train_seconds": train_s,

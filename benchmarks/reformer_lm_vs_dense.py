@@ -57,23 +57,6 @@ ROWS = {
 }
 
 
-def _steps_per_budget(name, over, task, budget, seed) -> int:
-    """Schedule length from the mean of 6 timed steps after 2 warm-up steps."""
-    torch.manual_seed(seed)
-    model = create_model(name, **over)
-    batches = task.train_batches(model, 0, 1)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    t0 = 0.0
-    for i in range(8):
-        if i == 2:
-            t0 = time.perf_counter()
-        out = task.forward(model, next(batches), None)
-        out.total_loss.backward()
-        opt.step()
-        opt.zero_grad()
-    return max(10, int(0.95 * budget * 6 / (time.perf_counter() - t0)))
-
-
 def run_one(args, corpus, label: str, out: Path) -> dict:
     name, extra = ROWS[label]
     over = {"vocab_size": corpus.vocab.size, "seq_len": args.seq_len, "dropout": args.dropout}
@@ -83,11 +66,11 @@ def run_one(args, corpus, label: str, out: Path) -> dict:
         corpus, batch_size=args.batch, seq_len=args.seq_len, seed=args.seed,
         eval_batch_size=args.eval_batch, eval_tokens=args.eval_tokens or None,
     )  # fmt: skip
-    steps = args.steps or _steps_per_budget(name, over, task, args.time_budget, args.seed)
     torch.manual_seed(args.seed)
     model = create_model(name, **over)
     config = TrainConfig(
-        steps=steps, lr=args.lr, warmup=min(args.warmup, steps // 10),
+        steps=args.steps or None, lr=args.lr,  # a budget: train() sizes the schedule
+        warmup=min(args.warmup, args.steps // 10) if args.steps else args.warmup,
         time_budget=None if args.steps else args.time_budget, eval_every=None, device="cpu",
         seed=args.seed, clip=1.0, progress=False, model_name=name,
     )  # fmt: skip
@@ -106,7 +89,7 @@ def run_one(args, corpus, label: str, out: Path) -> dict:
         "batch": args.batch,
         "seq_len": args.seq_len,
         "lr": args.lr,
-        "schedule_steps": steps,
+        "schedule_steps": history.schedule_steps or history.step,
         "steps": history.step,
         "stop_reason": history.stop_reason,
         "train_seconds": train_s,

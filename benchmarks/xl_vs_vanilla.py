@@ -27,7 +27,6 @@ stops the script before any training, with one line on stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
@@ -43,7 +42,7 @@ from effiformer.config import parse_overrides
 from effiformer.data import load_corpus
 from effiformer.models.transformer_xl import reconfigure
 from effiformer.tasks import LMTask
-from effiformer.train import TrainConfig, clip_gradients, train
+from effiformer.train import TrainConfig, train
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -86,40 +85,6 @@ def _overrides(name: str, vocab: int, seq_len: int, dropout: float, sets: list[s
     return over
 
 
-def _steps_per_budget(
-    name: str, over: dict, task: LMTask, budget: float, seed: int, device: str, clip: float
-) -> int:
-    """Schedule length: time a throwaway copy on ``device`` (under the bf16 autocast that
-    :func:`train` uses on CUDA) for 10 steps after 3 warm-up steps, with the gradient clipping
-    the loop does; the mean step, not the fastest, so that the schedule ends near the budget
-    (on a launch-bound GPU the fastest step underestimates the loop's step by 20-30%)."""
-    torch.manual_seed(seed)
-    dev = torch.device(device)
-    model = create_model(name, **over).to(dev)
-    batches = task.train_batches(model, 0, 1)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    cuda = dev.type == "cuda"
-    state, t0 = None, 0.0
-    for i in range(13):
-        if i == 3:
-            if cuda:
-                torch.cuda.synchronize(dev)
-            t0 = time.perf_counter()
-        batch = next(batches)
-        batch = dataclasses.replace(batch, data={k: v.to(dev) for k, v in batch.data.items()})
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
-            out = task.forward(model, batch, state)
-        out.total_loss.backward()
-        if clip:
-            clip_gradients(model, clip)
-        opt.step()
-        opt.zero_grad()
-        state = out.state
-    if cuda:
-        torch.cuda.synchronize(dev)
-    return max(20, int(0.95 * budget * 10 / (time.perf_counter() - t0)))
-
-
 def _model_lr(args: argparse.Namespace, name: str) -> float:
     for item in args.model_lr:
         model, sep, value = item.partition("=")
@@ -140,18 +105,14 @@ def run_one(args: argparse.Namespace, corpus_name: str, corpus, name: str, out: 
         eval_batch_size=args.eval_batch,
         eval_tokens=args.eval_tokens or None,
     )
-    if args.steps:
-        steps = args.steps
-    else:
-        steps = _steps_per_budget(
-            name, over, task, args.time_budget, args.seed, args.device, args.clip
-        )
     torch.manual_seed(args.seed)
     model = create_model(name, **over)
     config = TrainConfig(
-        steps=steps,
+        # a --time-budget run: train() times its first steps (on the device, under its
+        # autocast) and sizes the schedule to the steps that fit, warmup capped at a tenth
+        steps=args.steps or None,
         lr=_model_lr(args, name),
-        warmup=min(args.warmup, steps // 10),
+        warmup=min(args.warmup, args.steps // 10) if args.steps else args.warmup,
         time_budget=None if args.steps else args.time_budget,
         eval_every=None,
         device=args.device,
@@ -177,7 +138,7 @@ def run_one(args: argparse.Namespace, corpus_name: str, corpus, name: str, out: 
         "batch": args.batch,
         "lr": _model_lr(args, name),
         "seq_len": args.seq_len,
-        "schedule_steps": steps,
+        "schedule_steps": history.schedule_steps or history.step,
         "steps": history.step,
         "stop_reason": history.stop_reason,
         "train_seconds": train_s,

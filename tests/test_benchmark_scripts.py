@@ -237,3 +237,24 @@ def test_the_gpu_suite_runs_its_stages_at_tiny_size_on_the_cpu(tmp_path, bench_s
     if not torch.cuda.is_available():  # refused in one line, nothing run
         assert gpu_suite.main(["--out", str(tmp_path / "x"), "--device", "cuda"]) == 2
         assert not (tmp_path / "x").exists()
+
+
+def test_time_budget_runs_size_their_schedule_through_train(tmp_path, data_env, bench_script):
+    """--time-budget: the script leaves the schedule to train() (steps=None), which times its
+    first steps and records the length it chose (schedule_steps)."""
+    data_env("tinyshakespeare/input.txt")
+    xl_vs_vanilla = bench_script("xl_vs_vanilla")
+    out = tmp_path / "out"
+    threads = torch.get_num_threads()
+    try:
+        assert xl_vs_vanilla.main([
+            "--corpora", "tinyshakespeare", "--models", "vanilla-small", "--time-budget", "3",
+            "--seq-len", "16", "--batch", "2", "--eval-mem", "16", "--eval-tokens", "200",
+            "--eval-batch", "2", "--set", "dim=32", "n_heads=2", "n_layers=1", "ffn_dim=64",
+            "--out", str(out),
+        ]) == 0  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    (rec,) = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()[1:]]
+    assert rec["stop_reason"] in ("time_budget", "steps")
+    assert rec["schedule_steps"] >= rec["steps"] > 0

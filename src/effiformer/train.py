@@ -312,6 +312,12 @@ class TrainHistory:
     schedule: list[dict[str, Any]] = field(default_factory=list)
 
     @property
+    def schedule_steps(self) -> int | None:
+        """The schedule length a time budget decided (its last estimate; None when the steps
+        were given)."""
+        return int(self.schedule[-1]["total_steps"]) if self.schedule else None
+
+    @property
     def losses(self) -> list[float]:
         return [r["loss"] for r in self.train]
 
