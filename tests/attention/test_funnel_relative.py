@@ -9,13 +9,12 @@ from effiformer.attention import AttentionMask, DenseAttention
 from effiformer.attention.funnel_relative import (
     FunnelPositions,
     FunnelRelativeAttention,
-    _Buffers,
-    _FunnelCore,
-    _keep_mask,
     rel_sinusoid,
     relative_distances,
 )
 from effiformer.layers.pooling import pool_positions
+from effiformer.ops.funnel_core import FunnelCore as _FunnelCore
+from effiformer.ops.funnel_core import _Buffers, _keep_mask
 
 D, H, DH = 16, 2, 8
 F64 = torch.float64
@@ -117,15 +116,16 @@ def test_fused_forward_equals_textbook_scores_values_and_gradients(kind, shift):
 
 
 def test_relative_shift_chunks_agree(monkeypatch):
-    import effiformer.attention.funnel_relative as fr
 
     att = _attn(2)
     p, _, _ = _positions("relative_shift", 1, t=11)
     x = torch.randn(1, 11, D, dtype=F64, requires_grad=True)
     a = att(x, positions=p).out
     ga = torch.autograd.grad(a.square().sum(), [x, att.r_kernel])
-    monkeypatch.setattr(fr, "_CHUNK", 4)
-    monkeypatch.setattr(fr, "_MIN_CHUNK", 4)
+    import effiformer.ops.funnel_core as core
+
+    monkeypatch.setattr(core, "_CHUNK", 4)
+    monkeypatch.setattr(core, "_MIN_CHUNK", 4)
     b = att(x, positions=p).out
     gb = torch.autograd.grad(b.square().sum(), [x, att.r_kernel])
     assert_close(a, b, rtol=1e-12, atol=1e-12)

@@ -65,6 +65,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import AttentionConfig, ConfigError
+from ..ops.funnel_core import NEG_INF, FunnelCore, relative_shift
 from .base import (
     AttentionDims,
     AttentionMask,
@@ -87,11 +88,8 @@ __all__ = [
     "NEG_INF",
 ]
 
-NEG_INF = -1e6
 ATTENTION_TYPES = ("relative_shift", "factorized")
 CLS_TYPE = 2
-_CHUNK = 256  # at most this many query rows per relative-shift chunk
-_MIN_CHUNK = 64  # at least this many (tq // 8 in between: little waste, few Python steps)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,21 +143,6 @@ def progression_distances(
     return torch.arange(top, bottom - 1, -k_step, dtype=torch.long, device=device)
 
 
-def relative_shift(x: Tensor, tk: int, shift: int) -> Tensor:
-    """(B, H, Tq, R) scores against the distance table -> (B, H, Tq, Tk) *view* of x.
-
-    Entry (i, j) of the result is ``x[..., i, shift*(Tq - i) + j]``: the (Tq, R) block is read as
-    (R, Tq), its first ``shift`` rows dropped (a contiguous slice), read back as
-    (Tq, R - shift) and narrowed to Tk columns. Writing into the view writes into x.
-    """
-    b, h, tq, r = x.shape
-    if r < tk + shift * tq:
-        raise ValueError(f"distance table of length {r} is shorter than Tk + shift*Tq")
-    y = x.view(b, h, r, tq)[:, :, shift:]  # (B, H, R - shift, Tq), a contiguous slice
-    y = y.view(b, h, tq, r - shift)  # (B, H, Tq, R - shift)
-    return y[..., :tk]
-
-
 @dataclass(frozen=True)
 class FunnelPositions:
     """Positional and segment inputs of one Funnel attention call, computed once by the model.
@@ -182,232 +165,6 @@ class FunnelPositions:
     q_types: Tensor | None = None
     k_types: Tensor | None = None
     cls_first: bool = True
-
-
-def _chunks(tq: int):
-    size = min(_CHUNK, max(_MIN_CHUNK, tq // 8))
-    for i0 in range(0, tq, size):
-        yield i0, min(i0 + size, tq)
-
-
-def _flat(t: Tensor) -> Tensor:
-    """(B, H, T, X) -> contiguous (B*H, T, X) (a copy only when t is a strided view)."""
-    return t.reshape(t.shape[0] * t.shape[1], t.shape[2], t.shape[3])
-
-
-class _Buffers:
-    """Chunk-sized scratch tensors reused by every chunk of one core call.
-
-    A fresh multi-MiB tensor per chunk and step costs page faults (glibc returns large blocks to
-    the system on free), a measurable share of a chunk's time on a CPU; one flat buffer per role,
-    allocated at the first (largest) chunk, is viewed at each chunk's shape instead.
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.flat: dict[str, Tensor] = {}
-
-    def get(self, name: str, shape, dtype: torch.dtype = torch.float32) -> Tensor:
-        n = math.prod(shape)
-        buf = self.flat.get(name)
-        if buf is None or buf.numel() < n or buf.dtype != dtype:
-            buf = self.flat[name] = torch.empty(n, dtype=dtype, device=self.device)
-        return buf[:n].view(shape)
-
-
-def _chunk_qv(qu, pb, row0: bool, i0: int, i1: int) -> Tensor:
-    """The position query ``(q + v)`` of rows [i0, i1) laid out head-major for the distance
-    matmul: ``qu + pb`` with row 0 zeroed when ``row0`` (the cls-mask), (H, B, c, Dh).
-    ``qu`` is (B, H, Tq, Dh); recomputed from it, never stored."""
-    b, h, _, dh = qu.shape
-    qv = qu.new_empty(h, b, i1 - i0, dh)
-    torch.add(qu[:, :, i0:i1].transpose(0, 1), pb[:, None, None, :], out=qv)
-    if row0 and i0 == 0:
-        qv[:, :, 0] = 0
-    return qv
-
-
-def _chunk_scores(quf, kt, qff, kft, c0, kb, qv, r, shift: int, i0: int, i1: int, bufs) -> Tensor:
-    """Scores of query rows [i0, i1): qu·k^T + qf·kf^T + the relative-shift term, plus ``c0`` on
-    column 0 and the key bias ``kb``, (B, H, c, Tk).
-
-    quf (B*H, Tq, Dh), qff (B*H, Tq, F): contiguous queries and query feature columns;
-    kt (B*H, Dh, Tk), kft (B*H, F, Tk): keys and key feature columns, transposed; qv: the
-    chunk's position query from :func:`_chunk_qv`; ``bufs``: the call's :class:`_Buffers`.
-    """
-    bh, tq = quf.shape[:2]
-    tk, c = kt.shape[2], i1 - i0
-    scores = bufs.get("scores", (bh, c, tk), quf.dtype)
-    if qv is None:
-        torch.bmm(quf[:, i0:i1], kt, out=scores)
-    else:
-        h, b = qv.shape[:2]
-        lo = shift * (tq - i1)
-        width = tk + shift * c
-        r_c = r[:, lo : lo + width]  # (H, Tk + shift*c, Dh): the distances rows i0..i1 see
-        full = bufs.get("full", (h, b * c, width), quf.dtype)
-        torch.bmm(qv.view(h, b * c, -1), r_c.transpose(1, 2), out=full)  # (H, B*c, width)
-        full = full.view(h, b, c, width).transpose(0, 1)  # (B, H, c, width)
-        scores.view(b, h, c, tk).copy_(relative_shift(full, tk, shift))  # (B*H, c, Tk)
-        scores.baddbmm_(quf[:, i0:i1], kt)
-    if qff is not None:
-        scores.baddbmm_(qff[:, i0:i1], kft)
-    if c0 is not None:
-        scores[:, :, 0] += c0.reshape(bh, -1)[:, i0:i1]
-    if kb is not None:
-        scores.view(kb.shape[0], -1, c, tk).add_(kb)
-    return scores  # (B*H, c, Tk)
-
-
-def _keep_mask(gen, shape, p: float, bufs: _Buffers) -> Tensor:
-    """A Bernoulli(1 - p) keep mask of ``shape`` (bool), drawn from ``gen``.
-
-    Two mask entries per 64-bit draw: each int64 from ``random_`` (uniform on [0, 2^63)) is read as
-    two int32 words, each masked to 31 uniform bits and kept when >= round(p 2^31), so P(keep) is
-    1 - p up to 2^-32. On a CPU this is ~2-3x faster than ``bernoulli_``, which spends a draw on
-    every entry; the mask is drawn twice per chunk (forward and backward), so it matters.
-    """
-    n = math.prod(shape)
-    words = bufs.get("words", ((n + 1) // 2,), torch.int64).random_(generator=gen)
-    u = words.view(torch.int32)[:n].bitwise_and_(0x7FFFFFFF)
-    return torch.ge(u, round(p * 2**31), out=bufs.get("keep", (n,), torch.bool)).view(shape)
-
-
-class _FunnelCore(torch.autograd.Function):
-    """out = dropout(softmax(qu·k^T + qf·kf^T + shift(qv·r^T))) @ v, in query chunks.
-
-    qu (B, H, Tq, Dh), k (B, H, Tk, Dh): content query (with the u bias) and keys.
-    qf (B, H, Tq, F), kf (B, H, Tk, F): the low-rank feature columns (token types, factorized
-        positions), or both None.
-    c0 (B, H, Tq): added to column 0 (the [CLS] column correction), or None.
-    kb (B, 1, 1, Tk): an additive key bias without gradient (padding), or None.
-    r (H, Tk + shift*Tq, Dh), pb (H, Dh): the relative-shift term with the position query
-        ``qv = qu + pb`` (row 0 zeroed when ``row0``), or both None.
-    p: attention dropout; its masks are drawn chunk by chunk from a generator seeded with
-    ``seed`` and drawn again in the backward pass.
-
-    Like flash attention, only the inputs and the output are kept (``qv``, the scores and their
-    softmax are recomputed chunk by chunk in the backward pass), so no (B, H, Tq, Tk)
-    tensor outlives a chunk. Inputs may be strided views (the heads of a projection): they are
-    saved as given and made contiguous only transiently. The output is laid out as
-    (B, Tq, H, Dv) in memory and returned as a (B, H, Tq, Dv) view, so the caller's
-    ``transpose(1, 2).reshape(B, Tq, H*Dv)`` is free.
-    """
-
-    @staticmethod
-    def forward(ctx, qu, k, v, qf, kf, c0, kb, r, pb, row0: bool, shift: int, p: float, seed: int):
-        b, h, tq, _ = qu.shape
-        quf = _flat(qu)  # (B*H, Tq, Dh), contiguous (transient when qu is a strided view)
-        qff = None if qf is None else _flat(qf)
-        kt = _flat(k).transpose(1, 2)  # (B*H, Dh, Tk)
-        kft = None if kf is None else _flat(kf).transpose(1, 2)  # (B*H, F, Tk)
-        vf = _flat(v)  # (B*H, Tk, Dv)
-        out = v.new_empty(b, tq, h, v.shape[-1]).permute(0, 2, 1, 3)  # (B, H, Tq, Dv) view
-        gen = torch.Generator(device=qu.device).manual_seed(seed) if p > 0 else None
-        bufs = _Buffers(qu.device)
-        for i0, i1 in _chunks(tq):
-            qv = None if r is None else _chunk_qv(qu, pb, row0, i0, i1)
-            s = _chunk_scores(quf, kt, qff, kft, c0, kb, qv, r, shift, i0, i1, bufs)  # (B*H, c, Tk)
-            probs = torch.ops.aten._softmax.out(
-                s, -1, False, out=bufs.get("probs", s.shape, s.dtype)
-            )
-            del s
-            if gen is not None:
-                probs.mul_(_keep_mask(gen, probs.shape, p, bufs)).mul_(1.0 / (1.0 - p))
-            out[:, :, i0:i1] = torch.bmm(probs, vf).view(b, h, i1 - i0, -1)
-        ctx.shift, ctx.p, ctx.seed, ctx.row0 = shift, p, seed, row0
-        ctx.save_for_backward(qu, k, v, qf, kf, c0, kb, r, pb, out)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        qu, k, v, qf, kf, c0, kb, r, pb, out = ctx.saved_tensors
-        shift, p, row0 = ctx.shift, ctx.p, ctx.row0
-        b, h, tq, dh = qu.shape
-        tk = k.shape[2]
-        bh = b * h
-        need = ctx.needs_input_grad
-        quf = _flat(qu)  # (B*H, Tq, Dh)
-        qff = None if qf is None else _flat(qf)
-        kf_ = _flat(k)  # (B*H, Tk, Dh)
-        kt = kf_.transpose(1, 2)
-        kff = None if kf is None else _flat(kf)
-        kft = None if kff is None else kff.transpose(1, 2)
-        vf = _flat(v)  # (B*H, Tk, Dv)
-        gof = _flat(grad_out)  # (B*H, Tq, Dv)
-        delta = (grad_out * out).sum(-1).reshape(bh, tq)  # rowsum(P dP) = rowsum(dO O)
-        gen = torch.Generator(device=qu.device).manual_seed(ctx.seed) if p > 0 else None
-        grad_qu = qu.new_empty(bh, tq, dh)
-        grad_k = torch.zeros_like(kf_)
-        grad_v = torch.zeros_like(vf)
-        grad_qf = None if qf is None else qff.new_empty(qff.shape)
-        grad_kf = None if kf is None or not need[4] else torch.zeros_like(kff)
-        grad_c0 = None if c0 is None else c0.new_empty(bh, tq)
-        grad_r = None if r is None else torch.zeros_like(r)
-        grad_pb = None if r is None else torch.zeros_like(pb)
-        bufs = _Buffers(qu.device)
-        for i0, i1 in _chunks(tq):
-            c = i1 - i0
-            qv = None if r is None else _chunk_qv(qu, pb, row0, i0, i1)
-            s = _chunk_scores(quf, kt, qff, kft, c0, kb, qv, r, shift, i0, i1, bufs)
-            probs = bufs.get("probs", s.shape, s.dtype)  # (B*H, c, Tk), recomputed
-            torch.ops.aten._softmax.out(s, -1, False, out=probs)
-            del s
-            g_out = gof[:, i0:i1]  # (B*H, c, Dv)
-            grad_p = bufs.get("grad_p", probs.shape, probs.dtype)
-            torch.bmm(g_out, vf.transpose(1, 2), out=grad_p)  # (B*H, c, Tk)
-            if gen is not None:
-                keep = _keep_mask(gen, probs.shape, p, bufs)
-                # the scores buffer is free again: dropped-out and rescaled probabilities
-                kept = torch.mul(probs, keep, out=bufs.get("scores", probs.shape, probs.dtype))
-                grad_v.baddbmm_(kept.mul_(1.0 / (1.0 - p)).transpose(1, 2), g_out)
-                grad_p.mul_(keep).mul_(1.0 / (1.0 - p))
-                del keep, kept
-            else:
-                grad_v.baddbmm_(probs.transpose(1, 2), g_out)
-            grad_s = grad_p.sub_(delta[:, i0:i1, None]).mul_(probs)  # softmax backward
-            del probs
-            if grad_c0 is not None:
-                grad_c0[:, i0:i1] = grad_s[:, :, 0]
-            torch.bmm(grad_s, kf_, out=grad_qu[:, i0:i1])
-            grad_k.baddbmm_(grad_s.transpose(1, 2), quf[:, i0:i1])
-            if qf is not None:
-                torch.bmm(grad_s, kff, out=grad_qf[:, i0:i1])
-                if grad_kf is not None:
-                    grad_kf.baddbmm_(grad_s.transpose(1, 2), qff[:, i0:i1])
-            if r is not None:
-                lo = shift * (tq - i1)
-                width = tk + shift * c
-                r_c = r[:, lo : lo + width]  # (H, width, Dh)
-                g = bufs.get("g", (h, b, c, width), grad_s.dtype)  # (H, B, c, width)
-                # Zero only what the shifted view does not cover, then write the view.
-                flat = g.view(h, b, c * width)
-                flat[..., : shift * c].zero_()
-                flat[..., shift * c :].view(h, b, c, width - shift)[..., tk:].zero_()
-                relative_shift(g.transpose(0, 1), tk, shift).copy_(grad_s.view(b, h, c, tk))
-                g = g.view(h, b * c, width)
-                g_qv = torch.bmm(g, r_c).view(h, b, c, dh)  # (H, B, c, Dh)
-                if row0 and i0 == 0:
-                    g_qv[:, :, 0] = 0
-                grad_qu.view(b, h, tq, dh)[:, :, i0:i1] += g_qv.transpose(0, 1)
-                grad_pb += g_qv.sum((1, 2))
-                grad_r[:, lo : lo + width].baddbmm_(g.transpose(1, 2), qv.view(h, b * c, dh))
-        view = lambda t, like: None if t is None else t.view(like.shape)  # noqa: E731
-        return (
-            view(grad_qu, qu),
-            view(grad_k, k),
-            view(grad_v, v),
-            view(grad_qf, qf),
-            view(grad_kf, kf),
-            view(grad_c0, c0),
-            None,
-            grad_r,
-            grad_pb,
-            None,
-            None,
-            None,
-            None,
-        )
 
 
 class FunnelRelativeAttention(AttentionPart):
@@ -715,7 +472,7 @@ class FunnelRelativeAttention(AttentionPart):
         kf_t = torch.cat(kf, dim=-1) if kf else None  # (B, H, Tk, F)
         p = self.dropout if self.training else 0.0
         seed = int(torch.randint(0, 2**62, (1,))) if p > 0.0 else 0
-        o = _FunnelCore.apply(
+        o = FunnelCore.apply(
             qu,
             k,
             v,

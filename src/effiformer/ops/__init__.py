@@ -9,6 +9,8 @@ configs, modules and the papers' mathematics and call the ops here.
 - :mod:`.tiled_sparse`: the Sparse Transformer's tiled engine (dense tile calls, merged exactly).
 - :mod:`.strided_local`: blocked local attention read in place (the local heads).
 - :mod:`.routed`: attention inside clusters of sorted token indices (the routed heads).
+- :mod:`.funnel_core`: Funnel-Transformer's fused relative-attention core (content, position and
+  token-type terms by chunks of query rows, probabilities recomputed in the backward).
 """
 
 from .flash_cpu import (
