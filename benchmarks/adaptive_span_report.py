@@ -1,5 +1,5 @@
 """The learned attention spans of an Adaptive-Span model: per layer and head, as a table, JSON
-lines and a PNG (``effiformer.attention.adaptive_span.span_report`` / ``plot_span_report``).
+lines and a PNG (``effiformer.bench.spans.span_report`` / ``plot_span_report``).
 
     python benchmarks/adaptive_span_report.py RUN_OR_CHECKPOINT [--out DIR]
     python benchmarks/adaptive_span_report.py --model adaptive-span-small   # untrained spans
@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 from effiformer import create_model, load_model
-from effiformer.attention.adaptive_span import format_span_report, plot_span_report, span_report
 from effiformer.bench import environment
+from effiformer.bench.spans import format_span_report, plot_span_report, span_report
 from effiformer.checkpoint import resolve_checkpoint
 
 

@@ -43,8 +43,8 @@ from pathlib import Path
 import torch
 
 from effiformer import create_model, save_model
-from effiformer.attention.adaptive_span import plot_span_report, span_report
 from effiformer.bench import environment
+from effiformer.bench.spans import plot_span_report, span_report
 from effiformer.config import parse_overrides
 from effiformer.data import load_corpus
 from effiformer.registry import family_config_class, get_spec

@@ -16,11 +16,9 @@ from effiformer.attention.adaptive_span import (
     _choose_chunk,
     _skew,
     adaptive_span_reference,
-    format_span_report,
-    plot_span_report,
     soft_mask,
-    span_report,
 )
+from effiformer.bench.spans import format_span_report, plot_span_report, span_report
 from effiformer.config import ConfigError
 from effiformer.data import read_text
 from effiformer.tasks import LMTask

@@ -1235,7 +1235,7 @@ def _last_layer_keep(model: torch.nn.Module, t: int) -> torch.Tensor | None:
     if att.name in ("dense", "relative_xl"):
         return causal
     if att.name == "adaptive_span":  # keys closer than the widest learned reach of a head
-        from ..attention.adaptive_span import span_report
+        from .spans import span_report
 
         last = [r for r in span_report(model) if r["layer"] == config.n_layers - 1]
         reach = max(r["reach"] for r in last)
