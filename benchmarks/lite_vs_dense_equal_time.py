@@ -263,6 +263,26 @@ def _summary(records: list[dict]) -> list[dict]:
     return sorted(rows.values(), key=lambda r: (r["mult_adds"], r["family"]))
 
 
+def _pair_lines(rows: list[dict]) -> list[str]:
+    """Lite minus dense test BLEU per Mult-Adds pair (rows sorted by Mult-Adds: each Lite model
+    beside the dense model matched to it), per seed where both have it."""
+    lite = [r for r in rows if r["family"] == "lite"]
+    dense = [r for r in rows if r["family"] == "dense"]
+    out = ["| pair | Lite - dense, last checkpoint, beam 5 | Lite - dense, average, beam 4 |",
+           "|---|---:|---:|"]  # fmt: skip
+    for a, b in zip(sorted(lite, key=lambda r: r["mult_adds"]),
+                    sorted(dense, key=lambda r: r["mult_adds"])):  # fmt: skip
+        cells = []
+        for tag in ("last", "avg"):
+            seeds = [x - y for x, y in zip(a[f"bleu_{tag}_seeds"], b[f"bleu_{tag}_seeds"])]
+            text = f"{a[f'bleu_{tag}'] - b[f'bleu_{tag}']:+.2f}"
+            if len(seeds) > 1:
+                text += f" (per seed {', '.join(f'{v:+.2f}' for v in seeds)})"
+            cells.append(text)
+        out.append(f"| {a['key']} vs {b['key']} | {cells[0]} | {cells[1]} |")
+    return out
+
+
 def phase_report(args, out: Path) -> None:
     import matplotlib
 
@@ -293,6 +313,7 @@ def phase_report(args, out: Path) -> None:
             f"{rs[0]['quiet_train_s'] / 60:.1f} | {fmt('last')} | {fmt('avg')} | {chrf:.1f} | "
             f"{lat} |"
         )
+    lines += ["", *_pair_lines(rows)]
     (out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

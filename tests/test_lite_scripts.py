@@ -65,7 +65,10 @@ def test_equal_time_runs_lanes_two_scorings_latency_and_report(tmp_path, shared_
     assert all(r["latency_ms"] > 0 and r["threads"] == 1 for r in lat)
     assert script.main([*common, "--phase", "report", "--equal-time", "4"]) == 0
     table = (out / "table.md").read_text()
-    assert "lite-d32" in table and table.count("\n") == 2 + 2  # header, rule, two models
+    head, pairs = table.split("\n\n")
+    assert "lite-d32" in head and head.count("\n") == 2 + 1  # header, rule, two models
+    (pair,) = [x for x in pairs.splitlines() if x.startswith("| lite-d32 vs dense-d")]
+    assert "per seed" in pair  # two seeds of the smallest pair: each seed's difference
     for png in ("bleu_vs_mult_adds.png", "bleu_vs_time.png", "bleu_vs_latency.png"):
         assert (out / png).stat().st_size > 1000
 
