@@ -9,6 +9,8 @@ from the ``shared_data`` / ``shared_tool`` fixtures, never from a path of their 
   point at it, so the suite passes in a clone without the data (``pytest -ra`` lists the skips).
 * ``bench_script("name")`` loads ``benchmarks/name.py`` as a module (each call a fresh one), for
   the tests that drive a benchmark script through its ``main``.
+* ``one_thread`` runs a test on one torch thread and ``keep_threads`` restores the thread count a
+  script under test changes (``pytestmark = pytest.mark.usefixtures("one_thread")``).
 * ``EFFIFORMER_REQUIRE_DATA=1`` (``.ci/run`` sets it; CI always has ``../shared``) turns those
   skips into failures, so CI proves everything the data tests prove.
 """
@@ -119,3 +121,21 @@ def bench_script():
         return module
 
     return load
+
+
+@pytest.fixture
+def keep_threads():
+    """Restore torch's intra-op thread count after the test (a script under test may set it)."""
+    import torch
+
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
+def one_thread(keep_threads):
+    """Run the test on one torch thread (and restore the count after)."""
+    import torch
+
+    torch.set_num_threads(1)

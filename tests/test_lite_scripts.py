@@ -7,12 +7,7 @@ import json
 import pytest
 import torch
 
-
-@pytest.fixture(autouse=True)
-def _threads():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("keep_threads")  # the script sets one thread
 
 
 def _records(path):
