@@ -33,6 +33,8 @@ and the model (``OUT/model/``: ``model.safetensors``, ``config.json``, ``tokeniz
 ``translation.json``).
 
     python benchmarks/translation_multi30k.py --time-budget 3600 --out runs/multi30k   # the figure
+    python benchmarks/translation_multi30k.py --time-budget 1e9 --max-steps 2770 --threads 1 \\
+        --checkpoint-every 50 --keep 10 --out runs/m30k-ckpt      # the same steps, for averaging
     python benchmarks/translation_multi30k.py --time-budget 150 --eval-every 20 \\
         --eval-sentences 200 --test-sentences 200 --out /tmp/m30k-smoke               # smoke
 
@@ -56,8 +58,10 @@ import torch
 
 from effiformer import create_model, get_config, save_model
 from effiformer.bench import environment
+from effiformer.checkpoint import LATEST, resolve_checkpoint
 from effiformer.config import parse_overrides
 from effiformer.data import ParallelData
+from effiformer.data.tokenizer import SubwordTokenizer
 from effiformer.recipes import apply_recipe, get_recipe
 from effiformer.tasks.translation import (
     PAIR_FILE,
@@ -136,6 +140,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-every", type=int, default=25, help="train records every N steps")
     p.add_argument("--progress", action="store_true", help="progress bars on stderr")
+    p.add_argument(
+        "--checkpoint-every", type=int, help="run checkpoints every N steps (default: the end)"
+    )
+    p.add_argument(
+        "--keep", type=int, default=1, help="newest checkpoints kept (for `effiformer average`)"
+    )
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     args.data = str(
@@ -161,8 +171,14 @@ def main(argv: list[str] | None = None) -> int:
         test_split=args.test_split,
         eval_sentences=args.eval_sentences,
     )
+    # A run folder with a checkpoint is resumed (rerun the same command after a kill), with the
+    # vocabulary saved in it; the records of the interrupted attempt stay in results.jsonl.
+    resume = (out / "run" / LATEST).is_file()
+    ckpt = resolve_checkpoint(out / "run") if resume else None
     task = TranslationTask(
         ParallelData(args.data, args.src, args.tgt),
+        tokenizer=SubwordTokenizer.load(ckpt) if ckpt else None,
+        tokenizer_source=str(ckpt) if ckpt else None,
         vocab_size=args.vocab_size,
         max_tokens=args.max_tokens,
         seed=args.seed,
@@ -186,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
         time_budget_counts_eval=False,
         planned_warmup_cap=None,  # the warmup is given: keep it
         eval_every=args.eval_every or None,
+        checkpoint_every=args.checkpoint_every,
+        keep_checkpoints=args.keep,
+        resume=str(out / "run") if resume else None,
         seed=args.seed,
         device="cpu",
         out_dir=str(out / "run"),
@@ -195,9 +214,16 @@ def main(argv: list[str] | None = None) -> int:
         task_options=dataclasses.asdict(options),
     )
     env = environment(torch.device("cpu"), "float32", torch.get_num_threads(), peak=False)
-    results = open(out / "results.jsonl", "w")
+    results = open(out / "results.jsonl", "a" if resume else "w")
     _write(
-        results, {"kind": "environment", **env, "loadavg": os.getloadavg(), "argv": sys.argv[1:]}
+        results,
+        {
+            "kind": "environment",
+            **env,
+            "loadavg": os.getloadavg(),
+            "argv": sys.argv[1:],
+            "resumed": resume,
+        },
     )
     _write(
         results,
