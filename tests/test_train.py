@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import effiformer.checkpoint as checkpoint_mod
-import effiformer.train as train_mod
+import effiformer.train.state as train_state
 from effiformer import create_model
 from effiformer.checkpoint import (
     LATEST,
@@ -233,7 +233,7 @@ def test_resume_after_a_kill_continues_bitwise(corpus, tmp_path, monkeypatch):
     torch.testing.assert_close(_losses(older), _losses(full, 3), rtol=0, atol=0)
 
     # The comparison is sensitive: without restoring the RNG (dropout masks) the losses differ.
-    monkeypatch.setattr(train_mod, "_set_rng_state", lambda state: None)
+    monkeypatch.setattr(train_state, "set_rng_state", lambda state: None)
     torch.manual_seed(5)
     no_rng = train(
         _model(dropout=0.2),
@@ -297,10 +297,10 @@ def test_a_failed_save_keeps_the_last_good_checkpoint(corpus, tmp_path, monkeypa
             raise OSError("disk full")
         return real_save(*args, **kwargs)
 
-    monkeypatch.setattr(train_mod.torch, "save", failing_save)
+    monkeypatch.setattr(torch, "save", failing_save)
     with pytest.raises(OSError, match="disk full"):
         train(_model(), _task(corpus), _cfg(steps=6, checkpoint_every=2, out_dir=str(out)))
-    monkeypatch.setattr(train_mod.torch, "save", real_save)
+    monkeypatch.setattr(torch, "save", real_save)
     assert (out / LATEST).read_text() == "step-00000002"
     assert verify_checkpoint(resolve_checkpoint(out))["step"] == 2
     model, meta = load_checkpoint(out)
@@ -616,3 +616,42 @@ def test_cli_train_compile_flag(tmp_path, caplog):
     assert "torch.compile(backend='aot_eager')" in caplog.text
     saved = json.loads((out / "step-00000002" / "train_config.json").read_text())
     assert saved["compile"] == "aot_eager"  # a resumed run compiles as well
+
+
+def test_train_package_owns_the_task_protocol_and_imports_no_task_or_model():
+    """The loop is below the tasks: ``effiformer.train`` defines ``Batch`` / ``Task`` (the tasks
+    re-export the same objects) and importing it loads neither ``effiformer.tasks`` nor
+    ``effiformer.models``."""
+    import subprocess
+    import sys
+
+    import effiformer.tasks
+    import effiformer.train
+
+    assert effiformer.tasks.Batch is effiformer.train.Batch
+    assert effiformer.tasks.Task is effiformer.train.Task
+    code = (
+        "import sys, effiformer.train; "
+        "print(sorted(m for m in sys.modules if m.startswith(('effiformer.tasks', "
+        "'effiformer.models'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_train_names_the_method_a_task_lacks():
+    class NoEvaluate:
+        def train_batches(self, model, rank, world):
+            return iter(())
+
+        def forward(self, model, batch, state):
+            raise AssertionError
+
+        def state_dict(self):
+            return {}
+
+        def load_state_dict(self, state):
+            pass
+
+    with pytest.raises(TypeError, match=r"lacks evaluate\(\)"):
+        train(_model(), NoEvaluate(), TrainConfig(steps=1, device="cpu"))

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import effiformer.train as train_mod
+import effiformer.train.loop as train_loop
 from effiformer import create_model
 from effiformer.checkpoint import LATEST, load_checkpoint, resolve_checkpoint, verify_checkpoint
 from effiformer.data import ParallelData, read_text
@@ -92,7 +92,7 @@ def test_a_20_s_budget_sizes_warmup_and_decay_to_fit(corpus, tmp_path, monkeypat
     the 200 steps that fit 20 s, the recipe's warmup of 100 is capped at 10% of them, and the run
     ends at the floor of the cosine, not in warmup (the issue: 16 of 1,000 steps, lr 1.6e-4)."""
     task = _task(corpus)
-    monkeypatch.setattr(train_mod, "_now", _StepClock(task))
+    monkeypatch.setattr(train_loop, "_now", _StepClock(task))
     out = tmp_path / "run"
     cfg = _cfg(steps=None, time_budget=20.0, warmup=100, lr=1e-3, out_dir=str(out))
     history = train(_model(), task, cfg)
@@ -111,7 +111,7 @@ def test_a_20_s_budget_sizes_warmup_and_decay_to_fit(corpus, tmp_path, monkeypat
     # end; from an older checkpoint it reproduces the run.
     older = tmp_path / "older"
     task = _task(corpus)
-    monkeypatch.setattr(train_mod, "_now", _StepClock(task))
+    monkeypatch.setattr(train_loop, "_now", _StepClock(task))
     cfg2 = _cfg(
         steps=None,
         time_budget=20.0,
@@ -145,7 +145,7 @@ def test_the_budget_schedule_ends_where_the_budget_does_when_steps_speed_up(
     planner re-sizes from the steps since its previous sizing and, past 75%, after every step, so
     the run stops at the schedule's end with the lr at the cosine's floor."""
     task = _task(corpus)
-    monkeypatch.setattr(train_mod, "_now", _SlowStartClock(task))
+    monkeypatch.setattr(train_loop, "_now", _SlowStartClock(task))
     cfg = _cfg(steps=None, time_budget=20.0, warmup=100, lr=1e-3, out_dir=str(tmp_path / "r"))
     history = train(_model(), task, cfg)
     # 10 steps in 5 s, then 150 steps of 0.1 s: 160 steps fit
@@ -161,7 +161,7 @@ def test_the_budget_schedule_ends_where_the_budget_does_when_steps_speed_up(
 
 def test_a_fixed_schedule_that_cannot_fit_the_budget_is_named(corpus, monkeypatch, caplog):
     task = _task(corpus)
-    monkeypatch.setattr(train_mod, "_now", _StepClock(task))
+    monkeypatch.setattr(train_loop, "_now", _StepClock(task))
     caplog.set_level(logging.WARNING, logger="effiformer")
     history = train(_model(), task, _cfg(steps=1000, warmup=100, time_budget=2.0))
     assert history.step == 20 and history.stop_reason == "time_budget" and not history.schedule
@@ -305,7 +305,7 @@ def test_accumulation_weighs_micro_batches_by_target_tokens(parallel, monkeypatc
     full = run(1)
     for accum in (2, 3):
         torch.testing.assert_close(run(accum), full, rtol=1e-5, atol=1e-6)
-    monkeypatch.setattr(train_mod, "_micro_scales", lambda micro, d, device: None)
+    monkeypatch.setattr(train_loop, "micro_scales", lambda micro, d, device: None)
     equal = run(2)
     assert not torch.allclose(equal[:, 1], full[:, 1], rtol=1e-3)
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-import effiformer.train as train_mod
+import effiformer.train.loop as train_loop
 from effiformer import create_model
 from effiformer.attention import AttentionDims, AttentionMask
 from effiformer.attention.adaptive_span import (
@@ -359,7 +359,7 @@ def test_p_stays_in_the_unit_interval_under_train(corpus, monkeypatch):
 
     p = run()
     assert ((p >= 0) & (p <= 1)).all() and (p == 0).any()
-    monkeypatch.setattr(train_mod, "after_optimizer_step", lambda model: None)
+    monkeypatch.setattr(train_loop, "after_optimizer_step", lambda model: None)
     assert (run() < 0).any()  # without the hook p leaves [0, 1]
 
 
