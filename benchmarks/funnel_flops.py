@@ -1,9 +1,9 @@
 """Matmul FLOPs (forward + backward) of the two Funnel speed comparisons, to bound what is possible.
 
-``torch.utils.flop_counter.FlopCounterMode`` counts every matmul-like aten call (mm, addmm, bmm,
-baddbmm, ...) of one training step; PyTorch has no formula for the CPU flash-attention kernels, so
-they are registered here: 4 B H Tq Tk Dh forward and 10 B H Tq Tk Dh backward (the backward
-recomputes Q K^T and forms dV, dP, dQ, dK). Nothing is timed. It prints, for the same two pairs of
+:func:`effiformer.flops.counted_flops` counts every matmul-like aten call (mm, addmm, bmm,
+baddbmm, ...) of one training step, with the library's formulas for the SDPA kernels PyTorch
+has none for (the CPU flash kernel: 4 B H Tq Tk Dh forward and 10 B H Tq Tk Dh backward without
+a causal mask; the backward recomputes Q K^T and forms dV, dP, dQ, dK). Nothing is timed. It prints, for the same two pairs of
 rows as ``benchmarks/funnel_bench.py``:
 
   (a) ``encoder``: the B6-6-6 Funnel encoder against the 18-layer dense encoder (dropout 0);
@@ -22,30 +22,14 @@ import dataclasses
 import json
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode, register_flop_formula
 
+from effiformer.flops import counted_flops
 from effiformer.registry import build_model, get_config
-
-aten = torch.ops.aten
-
-
-@register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu)
-def _sdpa_cpu_flops(q, k, v, *args, out_shape=None, **kwargs) -> int:
-    b, h, tq, d = q  # shapes, not tensors
-    return 4 * b * h * tq * k[2] * d
-
-
-@register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu_backward)
-def _sdpa_cpu_backward_flops(grad_out, q, k, v, *args, out_shape=None, **kwargs) -> int:
-    b, h, tq, d = q
-    return 10 * b * h * tq * k[2] * d
 
 
 def step_flops(loss_fn) -> int:
-    """FLOPs of ``loss_fn()`` and its backward pass."""
-    with FlopCounterMode(display=False) as counter:
-        loss_fn().backward()
-    return counter.get_total_flops()
+    """FLOPs of ``loss_fn()`` and its backward pass (:func:`effiformer.flops.counted_flops`)."""
+    return counted_flops(lambda: loss_fn().backward())
 
 
 def encoder_pair(dim: int, seq_len: int, batch: int) -> dict:

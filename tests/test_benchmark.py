@@ -445,7 +445,7 @@ def test_peak_is_the_best_of_several_sizes():
 
 
 def test_causal_sdpa_is_counted_as_the_pairs_it_computes():
-    from effiformer.bench.cell import causal_pairs
+    from effiformer.flops import causal_pairs
 
     assert causal_pairs(4, 4) == 10 and causal_pairs(2, 5) == 3 and causal_pairs(5, 2) == 9
     q, k, v = (torch.randn(1, 2, 8, 4, requires_grad=True) for _ in range(3))
@@ -787,3 +787,22 @@ def test_readme_command_1_runs_the_default_set_then_the_quality_smoke(tmp_path, 
     assert "quality smoke: MQAR at 64 tokens" in text
     assert f"{len(DEFAULT_MECHANISMS)} of {len(DEFAULT_MECHANISMS)} mechanisms trained" in text
     assert (out / "quality-smoke" / "results.jsonl").is_file()
+
+
+def test_workload_mult_adds():
+    """Analytic Mult-Adds of bench rows: the first self-attention (an encoder-decoder's is its
+    encoder's, bidirectional), the whole translation model, the decoding workload's target
+    length, unknown families."""
+    from effiformer.bench.harness import workload_mult_adds
+    from effiformer.flops import seq2seq_mult_adds
+
+    c = get_config("transformer-base")
+    assert not c.attention_causal and get_config("vanilla-small").attention_causal
+    assert workload_mult_adds(c, "attention", 1024, None) == (
+        4 * 1024 * 512 * 512 + 2 * 1024 * 1024 * 512
+    )
+    assert workload_mult_adds(c, "model", 30, None) == seq2seq_mult_adds(c).total
+    assert workload_mult_adds(c, "decoding", 30, 12) == seq2seq_mult_adds(c, tgt_len=12).total
+    assert workload_mult_adds(get_config("vanilla-small"), "model", 30, None) is None
+    with pytest.raises(ValueError, match="part must be"):
+        workload_mult_adds(c, "layers", 30, None)

@@ -8,7 +8,6 @@ from effiformer import create_model, get_config
 from effiformer.attention.lsra import LSRAConfig
 from effiformer.flops import (
     MultAdds,
-    bench_mult_adds,
     count_parameters,
     cross_attention_mult_adds,
     format_mult_adds,
@@ -114,13 +113,6 @@ def test_unknown_counts_are_none_and_formatting():
     assert format_mult_adds(MultAdds(total=975_360, src_len=30, tgt_len=30)) == "1.0M"
     with pytest.raises(ValueError, match="src_len"):
         seq2seq_mult_adds(get_config("lite-tiny"), src_len=0)
-
-
-def test_bench_mult_adds():
-    c = get_config("transformer-base")
-    assert bench_mult_adds(c, "attention", 1024) == 4 * 1024 * 512 * 512 + 2 * 1024 * 1024 * 512
-    assert bench_mult_adds(c, "model", 30) == seq2seq_mult_adds(c).total
-    assert bench_mult_adds(get_config("vanilla-small"), "model", 30) is None
 
 
 def test_list_shows_mult_adds_of_translation_models(capsys):

@@ -187,6 +187,13 @@ class ModelConfig:
             if not 0.0 <= p < 1.0:
                 raise ConfigError(f"{name} must be in [0, 1), got {p}")
 
+    @property
+    def attention_causal(self) -> bool:
+        """Whether the layers ``attention`` configures are causal (the model's first
+        self-attention, what ``effiformer bench --part attention`` times): ``causal`` here; an
+        encoder-decoder's ``attention`` is its encoder's, never causal."""
+        return bool(self.causal)
+
     def _check_positive(self, name: str) -> None:
         value = getattr(self, name)
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

@@ -28,10 +28,13 @@ embeddings and output projection (the papers' "#Params").
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from .attention.base import AttentionDims
 from .config import AttentionConfig, ModelConfig
@@ -40,13 +43,17 @@ __all__ = [
     "DEFAULT_SENTENCE_LEN",
     "MultAdds",
     "attention_mult_adds",
-    "bench_mult_adds",
+    "causal_pairs",
+    "counted_flops",
     "count_parameters",
     "cross_attention_mult_adds",
     "ffn_mult_adds",
     "format_mult_adds",
     "linear_mult_adds",
     "mult_adds",
+    "projection_mult_adds",
+    "score_mult_adds",
+    "sdpa_flop_formulas",
     "seq2seq_mult_adds",
 ]
 
@@ -108,6 +115,22 @@ def attention_mult_adds(
     return part.mult_adds(resolved, dims, tq, tk, taps=taps)
 
 
+def projection_mult_adds(
+    tq: int, tk: int, dim: int, inner: int, *, kv_dim: int | None = None
+) -> int:
+    """The four projections of a dense attention: Q and O over ``tq`` positions of width
+    ``dim`` (``dim x inner`` each), K and V over ``tk`` positions of width ``kv_dim`` (default
+    ``dim``)."""
+    kv = dim if kv_dim is None else kv_dim
+    return 2 * tq * dim * inner + 2 * tk * kv * inner
+
+
+def score_mult_adds(tq: int, tk: int, inner: int) -> int:
+    """``Q K^T`` and the weighted sum of V: ``tq * tk * inner`` each, every query against every
+    key (a causal mask is not subtracted: the papers' count)."""
+    return 2 * tq * tk * inner
+
+
 def cross_attention_mult_adds(
     dim: int, n_heads: int, head_dim: int, tq: int, tk: int, *, kv_dim: int | None = None
 ) -> int:
@@ -115,8 +138,7 @@ def cross_attention_mult_adds(
     (``dim x H*Dh``), K and V of the ``tk`` encoder states (``kv_dim x H*Dh``, default ``dim``),
     scores and weighted sum (``tq * tk * H*Dh`` each)."""
     inner = n_heads * head_dim
-    kv = dim if kv_dim is None else kv_dim
-    return 2 * tq * dim * inner + 2 * tk * kv * inner + 2 * tq * tk * inner
+    return projection_mult_adds(tq, tk, dim, inner, kv_dim=kv_dim) + score_mult_adds(tq, tk, inner)
 
 
 def seq2seq_mult_adds(
@@ -176,30 +198,6 @@ def mult_adds(config: ModelConfig, **kwargs: Any) -> MultAdds | None:
     return None
 
 
-def bench_mult_adds(config: ModelConfig, part: str, seq_len: int) -> int | None:
-    """Mult-Adds of an ``effiformer bench`` workload, batch 1: ``part="attention"``: the first
-    layer's self-attention over ``seq_len`` tokens (any family whose config has an attention
-    part that counts itself); ``part="model"``: the whole model with ``seq_len`` source and
-    target tokens (translation models). ``None`` where not known."""
-    if part == "attention":
-        att = getattr(config, "attention", None)
-        if att is None:
-            return None
-        causal = bool(config.causal) and config.family != "seq2seq"  # seq2seq: the encoder's
-        dims = AttentionDims(
-            config.dim, config.n_heads, config.head_dim, causal=causal, layer=0,
-            n_layers=config.n_layers, max_len=config.seq_len,
-        )  # fmt: skip
-        try:
-            return attention_mult_adds(att, dims, seq_len, seq_len)
-        except (ValueError, KeyError):
-            return None
-    if part == "model":
-        m = mult_adds(config, src_len=seq_len)
-        return None if m is None else m.total
-    raise ValueError(f"part must be 'attention' or 'model', got {part!r}")
-
-
 def format_mult_adds(value: MultAdds | int | None) -> str:
     """``527M`` / ``1.34G`` / ``-`` (unknown)."""
     if value is None:
@@ -234,3 +232,71 @@ def count_parameters(model: nn.Module, *, embeddings: bool = False) -> int:
         seen.add(id(p))
         total += p.numel()
     return total
+
+
+# ------------------------------------------------------------------------------------------------
+# Counted FLOPs: what torch's FlopCounterMode counts on a real call, with the attention kernels
+# counted as they compute
+# ------------------------------------------------------------------------------------------------
+
+#: The SDPA kernels this module gives FLOP formulas (name, forward?): PyTorch has none for the
+#: CPU flash kernel, and counts a causal call of the CUDA ones as if every pair were computed.
+SDPA_OPS = (
+    ("_scaled_dot_product_flash_attention_for_cpu", True),
+    ("_scaled_dot_product_flash_attention_for_cpu_backward", False),
+    ("_scaled_dot_product_flash_attention", True),
+    ("_scaled_dot_product_flash_attention_backward", False),
+    ("_scaled_dot_product_efficient_attention", True),
+    ("_scaled_dot_product_efficient_attention_backward", False),
+    ("_scaled_dot_product_cudnn_attention", True),
+    ("_scaled_dot_product_cudnn_attention_backward", False),
+)
+
+
+def causal_pairs(tq: int, tk: int) -> int:
+    """(query, key) pairs a causal SDPA call computes: query i sees keys 0..i (top-left
+    aligned, as SDPA's ``is_causal`` defines it), ``tq * tk`` when no query is cut."""
+    if tq <= tk:
+        return tq * (tq + 1) // 2
+    return tk * (tk + 1) // 2 + (tq - tk) * tk
+
+
+def _sdpa_formula(arg_names: list[str], defaults: dict[str, Any], forward: bool):
+    def formula(*args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+        bound = {**defaults, **dict(zip(arg_names, args)), **kwargs}
+        b, hq, sq, dq = bound["query"]
+        sk, dv = bound["key"][2], bound["value"][3]
+        pairs = causal_pairs(sq, sk) if bound.get("is_causal") else sq * sk
+        per_pair = (dq + dv) if forward else (3 * dq + 2 * dv)
+        return 2 * b * hq * pairs * per_pair
+
+    return formula
+
+
+def sdpa_flop_formulas() -> dict[Any, Callable[..., int]]:
+    """``FlopCounterMode(custom_mapping=...)`` formulas for every SDPA kernel of
+    :data:`SDPA_OPS` this torch has: forward ``2·B·H·pairs·(Dq + Dv)``, backward
+    ``2·B·H·pairs·(3·Dq + 2·Dv)`` (PyTorch's formulas with ``Tq·Tk`` replaced by the pairs the
+    kernel computes: every pair without ``is_causal``, :func:`causal_pairs` with it). An
+    explicit ``attn_mask`` is counted in full: the kernel computes every pair, then masks."""
+    aten = torch.ops.aten
+    extra: dict[Any, Callable[..., int]] = {}
+    for name, forward in SDPA_OPS:
+        if not hasattr(aten, name):
+            continue
+        packet = getattr(aten, name)
+        schema = packet.default._schema
+        names = [a.name for a in schema.arguments]
+        defaults = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
+        extra[packet] = _sdpa_formula(names, defaults, forward)
+    return extra
+
+
+def counted_flops(fn: Callable[[], Any]) -> int:
+    """FLOPs of calling ``fn()`` (a forward, or a forward and its ``backward()``), as
+    ``torch.utils.flop_counter.FlopCounterMode`` counts them (matmuls, convolutions, attention
+    kernels; elementwise work is free) with :func:`sdpa_flop_formulas` for the attention
+    kernels. One FLOP counted per multiply and per add: twice the Mult-Adds of a matmul."""
+    with FlopCounterMode(display=False, custom_mapping=sdpa_flop_formulas()) as fc:
+        fn()
+    return int(fc.get_total_flops())

@@ -18,15 +18,11 @@ belongs to this cell alone. The order inside a cell:
    (gradients reset to ``None`` before each, outside the timed region) with
    ``time.perf_counter``, synchronising CUDA before reading the clock; report medians.
 
-FLOPs are what ``FlopCounterMode`` counts (matmuls, convolutions, attention kernels; elementwise
-ops are free). PyTorch registers no formula for the CPU flash-attention kernel
-(``aten._scaled_dot_product_flash_attention_for_cpu`` and its backward), and its CUDA SDPA
-formulas count a causal call as if every (query, key) pair were computed. This module supplies
-formulas for all SDPA kernels (CPU flash; CUDA flash, memory-efficient, cuDNN; forward and
-backward) that count the pairs the kernel computes: every pair without ``is_causal``, the
-unmasked ones with it (query i sees keys 0..i, top-left aligned, as SDPA defines it; about half
-of a square T x T): forward ``2·B·H·pairs·(Dq + Dv)``, backward ``2·B·H·pairs·(3·Dq + 2·Dv)``
-(PyTorch's formulas with ``Tq·Tk`` replaced by ``pairs``). The fused kernels skip the masked
+FLOPs are :func:`effiformer.flops.counted_flops`: what ``FlopCounterMode`` counts (matmuls,
+convolutions, attention kernels; elementwise ops are free), with formulas for every SDPA kernel
+(CPU flash; CUDA flash, memory-efficient, cuDNN; forward and backward) that count the (query,
+key) pairs the kernel computes: PyTorch registers none for the CPU flash kernel, and its CUDA
+formulas count a causal call as if every pair were computed. The fused kernels skip the masked
 blocks (a causal CPU SDPA call at T = 4096 takes 0.55x the time of a full one), so counting them
 would credit work no kernel does and put MFU over 100%. An explicit mask (``attn_mask``) is
 counted in full: the kernel computes every pair and masks afterwards.
@@ -57,9 +53,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from ..config import ModelConfig, parse_overrides
+from ..flops import counted_flops
 from ..registry import create_model, family_config_class, get_config, get_spec
 from .references import CellSpec, Workload, list_references
 
@@ -68,7 +64,6 @@ __all__ = [
     "bench_state",
     "is_encoder_decoder",
     "model_workload",
-    "causal_pairs",
     "load_plugin",
     "count_flops",
     "measure_peak_mib",
@@ -238,64 +233,13 @@ def time_ms(
     return samples
 
 
-def causal_pairs(tq: int, tk: int) -> int:
-    """(query, key) pairs a causal SDPA call computes: query i sees keys 0..i (top-left
-    aligned, ``torch.ones(Tq, Tk).tril()``)."""
-    if tq <= tk:
-        return tq * (tq + 1) // 2
-    return tk * (tk + 1) // 2 + (tq - tk) * tk
-
-
-# (op name, forward?) for every SDPA kernel; the arguments are read by name from the schema.
-_SDPA_OPS = (
-    ("_scaled_dot_product_flash_attention_for_cpu", True),
-    ("_scaled_dot_product_flash_attention_for_cpu_backward", False),
-    ("_scaled_dot_product_flash_attention", True),
-    ("_scaled_dot_product_flash_attention_backward", False),
-    ("_scaled_dot_product_efficient_attention", True),
-    ("_scaled_dot_product_efficient_attention_backward", False),
-    ("_scaled_dot_product_cudnn_attention", True),
-    ("_scaled_dot_product_cudnn_attention_backward", False),
-)
-
-
-def _sdpa_formula(arg_names: list[str], defaults: dict[str, Any], forward: bool):
-    def formula(*args: Any, out_shape: Any = None, **kwargs: Any) -> int:
-        bound = {**defaults, **dict(zip(arg_names, args)), **kwargs}
-        b, hq, sq, dq = bound["query"]
-        sk, dv = bound["key"][2], bound["value"][3]
-        pairs = causal_pairs(sq, sk) if bound.get("is_causal") else sq * sk
-        per_pair = (dq + dv) if forward else (3 * dq + 2 * dv)
-        return 2 * b * hq * pairs * per_pair
-
-    return formula
-
-
-def _extra_flop_formulas() -> dict[Any, Callable[..., int]]:
-    aten = torch.ops.aten
-    extra: dict[Any, Callable[..., int]] = {}
-    for name, forward in _SDPA_OPS:
-        if not hasattr(aten, name):
-            continue
-        packet = getattr(aten, name)
-        schema = packet.default._schema
-        names = [a.name for a in schema.arguments]
-        defaults = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
-        extra[packet] = _sdpa_formula(names, defaults, forward)
-    return extra
-
-
 def count_flops(wl: Workload) -> tuple[int, int]:
-    """(forward FLOPs, forward+backward FLOPs) of one step, as ``FlopCounterMode`` counts them."""
-    extra = _extra_flop_formulas()
+    """(forward FLOPs, forward+backward FLOPs) of one step, as
+    :func:`effiformer.flops.counted_flops` counts them."""
     wl.zero_grad()
-    with FlopCounterMode(display=False, custom_mapping=extra) as fc:
-        _fwd(wl)
-    fwd = fc.get_total_flops()
+    fwd = counted_flops(lambda: _fwd(wl))
     wl.zero_grad()
-    with FlopCounterMode(display=False, custom_mapping=extra) as fc:
-        _fwd_bwd(wl)
-    return int(fwd), int(fc.get_total_flops())
+    return fwd, counted_flops(lambda: _fwd_bwd(wl))
 
 
 def _status_kib(field: str) -> int | None:
@@ -472,12 +416,6 @@ def is_encoder_decoder(model: Any) -> bool:
     return all(callable(getattr(model, m, None)) for m in DECODING_METHODS)
 
 
-def _count(fn: Callable[[], Any]) -> int:
-    with FlopCounterMode(display=False, custom_mapping=_extra_flop_formulas()) as fc:
-        fn()
-    return int(fc.get_total_flops())
-
-
 @torch.inference_mode()
 def run_decoding_cell(spec: CellSpec, built: Any, warmup: int, runs: int) -> dict[str, Any]:
     """``part="decoding"``. The model row: :func:`~effiformer.bench.decoding.decoding_latency`
@@ -490,7 +428,7 @@ def run_decoding_cell(spec: CellSpec, built: Any, warmup: int, runs: int) -> dic
     out: dict[str, Any] = {"beam": spec.beam, "steps": steps}
     if isinstance(built, Workload):
         sync = _sync(spec.device)
-        out["flops_decoding"] = _count(built.forward)
+        out["flops_decoding"] = counted_flops(built.forward)
         for _ in range(warmup):
             built.forward()
         samples = time_ms(built.forward, lambda: None, sync, runs)
@@ -519,8 +457,8 @@ def run_decoding_cell(spec: CellSpec, built: Any, warmup: int, runs: int) -> dic
     was_training = model.training
     model.eval()
     try:
-        flops_encode = _count(lambda: model.encode(src))
-        flops_all = _count(lambda: beam_search(
+        flops_encode = counted_flops(lambda: model.encode(src))
+        flops_all = counted_flops(lambda: beam_search(
             model, src, beam=spec.beam, max_len_a=0, max_len_b=steps - 1, min_len=steps - 1,
             early_stopping=True,
         ))  # fmt: skip

@@ -23,7 +23,7 @@ For registered model names (or globs) it measures, per cell (name x part x lengt
 - ``params``: parameters that receive a gradient in the step (the attention layer's alone for
   ``--part attention``);
 - ``mult_adds``: the analytic Mult-Adds of the workload's forward
-  (:func:`effiformer.flops.bench_mult_adds`: the first layer's self-attention for
+  (:func:`workload_mult_adds`, from :mod:`effiformer.flops`: the first layer's self-attention for
   ``--part attention``, a translation model over ``seq_len`` source and target tokens for
   ``--part model``, over ``seq_len`` source and ``steps`` target tokens, teacher-forced, for
   ``--part decoding``; ``None`` where it is not known and for reference rows);
@@ -80,7 +80,8 @@ from typing import Any
 import torch
 
 from .. import __version__
-from ..flops import bench_mult_adds, mult_adds
+from ..attention.base import AttentionDims
+from ..flops import attention_mult_adds, mult_adds
 from ..registry import build_model, get_config, get_spec, list_models
 from .cell import (
     DTYPES,
@@ -103,6 +104,7 @@ from .report import NOISY_SPREAD, format_table, plot_results
 
 __all__ = [
     "BenchRow",
+    "workload_mult_adds",
     "DEFAULT_MECHANISMS",
     "DEFAULT_SET_LENGTHS",
     "DEFAULT_SET_REPEATS",
@@ -827,12 +829,28 @@ def _finalize_peak(records: list[dict[str, Any]], env: dict[str, Any]) -> None:
         _rates(r, env.get("peak_tflops"))
 
 
-def _mult_adds(config: Any, part: str, length: int, steps: int | None) -> int | None:
-    """Analytic Mult-Adds of a model row (:mod:`effiformer.flops`); ``None`` where unknown."""
-    if part == "decoding":
-        m = mult_adds(config, src_len=length, tgt_len=steps)
-        return None if m is None else m.total
-    return bench_mult_adds(config, part, length)
+def workload_mult_adds(config: Any, part: str, length: int, steps: int | None) -> int | None:
+    """Analytic Mult-Adds (:mod:`effiformer.flops`) of a model row, batch 1; ``None`` where
+    unknown. ``attention``: the first layer's self-attention over ``length`` tokens (any config
+    whose ``attention`` part counts itself; causal as ``config.attention_causal`` says);
+    ``model``: the whole model with ``length`` source and target tokens and ``decoding``: with
+    ``steps`` target tokens (the families :func:`~effiformer.flops.mult_adds` counts)."""
+    if part == "attention":
+        att = getattr(config, "attention", None)
+        if att is None:
+            return None
+        dims = AttentionDims(
+            config.dim, config.n_heads, config.head_dim, causal=config.attention_causal,
+            layer=0, n_layers=config.n_layers, max_len=config.seq_len,
+        )  # fmt: skip
+        try:
+            return attention_mult_adds(att, dims, length, length)
+        except (ValueError, KeyError):
+            return None
+    if part not in ("model", "decoding"):
+        raise ValueError(f"part must be 'attention', 'model' or 'decoding', got {part!r}")
+    m = mult_adds(config, src_len=length, tgt_len=steps if part == "decoding" else None)
+    return None if m is None else m.total
 
 
 def _measure(c, common, env, limit, limit_why, meta_cache, timeout) -> dict[str, Any]:
@@ -865,7 +883,9 @@ def _measure(c, common, env, limit, limit_why, meta_cache, timeout) -> dict[str,
         overrides=_jsonable(overrides),
         repeats=common["repeats"],
         warmup=common["warmup"],
-        mult_adds=None if ref is not None else _mult_adds(config, part, length, c.get("steps")),
+        mult_adds=None
+        if ref is not None
+        else workload_mult_adds(config, part, length, c.get("steps")),
         env=env,
     )
     if ref is not None:

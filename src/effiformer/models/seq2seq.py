@@ -178,6 +178,11 @@ class Seq2SeqConfig(ModelConfig):
     def decoder_self_attention(self) -> AttentionConfig:
         return self.decoder_attention if self.decoder_attention is not None else self.attention
 
+    @property
+    def attention_causal(self) -> bool:
+        """``attention`` is the encoder's (bidirectional); the decoder's is causal."""
+        return False
+
 
 @dataclass(frozen=True)
 class EncoderOutput:

@@ -31,12 +31,16 @@ compare_predictors`) is :func:`features_macs`: the count HAT's README reports (a
 plots against latency); :func:`features_decoding_macs`, which counts the measured workload itself,
 is reported beside it as the stronger proxy.
 
+The per-layer counts are :mod:`effiformer.flops`'s (the projections, scores, FFNs every
+translation model's count is made of: :func:`~effiformer.flops.projection_mult_adds`,
+:func:`~effiformer.flops.score_mult_adds`, :func:`~effiformer.flops.ffn_mult_adds`), taken per
+layer with HAT's widths; this module adds HAT's conventions (the elementwise terms, the
+decoding workload, the closed forms over the averaged features).
+
 Dense models: a post-LN ``seq2seq`` config with dense attention is the SubTransformer with one
 width, ``qkv_dim = n_heads * head_dim``, one FFN width and ``attend = 1``
 (:func:`dense_as_subtransformer`), so the same counts apply to the dense baselines HAT is compared
-with (Q/K/V biases and all). A counter for every seq2seq family (Lite Transformer's branches)
-would take these per-layer widths and attended lengths as its input, and this module would become
-its HAT front end.
+with (Q/K/V biases and all).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..flops import ffn_mult_adds, linear_mult_adds, projection_mult_adds, score_mult_adds
 from ..models.hat import SubTransformer
 
 __all__ = [
@@ -111,18 +116,18 @@ def subtransformer_macs(
     de, dd = t.encoder_dim, t.decoder_dim
     lin = att = elem = 0
     for f in t.encoder_ffn:
-        lin += n * de * 3 * q + n * q * de + 2 * n * de * f
-        att += 2 * n * n * q
+        lin += projection_mult_adds(n, n, de, q) + ffn_mult_adds(n, de, f)
+        att += score_mult_adds(n, n, q)
         elem += n * q + 2 * n * de  # query scaling, 2 LayerNorms
     for f, a in zip(t.decoder_ffn, t.attend):
-        keys = a * n
-        lin += m_t * dd * 3 * q + m_t * q * dd  # self-attention
-        lin += m_t * dd * q + 2 * keys * de * q + m_t * q * dd  # cross: Q, K/V of the memory, out
-        lin += 2 * m_t * dd * f
-        att += 2 * m_t * m_t * q + 2 * m_t * keys * q
+        keys = a * n  # the attended encoder layers' states
+        lin += projection_mult_adds(m_t, m_t, dd, q)  # self-attention
+        lin += projection_mult_adds(m_t, keys, dd, q, kv_dim=de)  # cross: K/V of the memory
+        lin += ffn_mult_adds(m_t, dd, f)
+        att += score_mult_adds(m_t, m_t, q) + score_mult_adds(m_t, keys, q)
         elem += 2 * m_t * q + 3 * m_t * dd  # two query scalings, 3 LayerNorms
     elem += n * de + m_t * dd  # embedding scaling
-    out = m_t * dd * vocab if vocab is not None else 0
+    out = linear_mult_adds(m_t, dd, vocab) if vocab is not None else 0
     return MacsBreakdown(lin, att, elem if elementwise else 0, out)
 
 
@@ -144,16 +149,19 @@ def decoding_macs(
     de, dd, k = t.encoder_dim, t.decoder_dim, beam
     lin = att = 0
     for f in t.encoder_ffn:
-        lin += n * de * 3 * q + n * q * de + 2 * n * de * f
-        att += 2 * n * n * q
-    sum_t = steps * (steps + 1) // 2  # keys seen over the steps (1, 2, ..., steps)
+        lin += projection_mult_adds(n, n, de, q) + ffn_mult_adds(n, de, f)
+        att += score_mult_adds(n, n, q)
     for f, a in zip(t.decoder_ffn, t.attend):
         keys = a * n
-        lin += 2 * keys * de * q  # the memory's K/V, once per sentence
-        per_step = dd * 3 * q + q * dd + dd * q + q * dd + 2 * dd * f  # per row
-        lin += steps * k * per_step
-        att += 2 * k * q * sum_t + steps * k * 2 * keys * q
-    out = steps * k * dd * vocab if vocab is not None else 0
+        lin += projection_mult_adds(0, keys, dd, q, kv_dim=de)  # the memory's K/V, once
+        # per step and row: self-attention over one new position (its Q/K/V and O), the
+        # cross-attention's Q and O, the FFN
+        per_row = projection_mult_adds(1, 1, dd, q) + projection_mult_adds(1, 0, dd, q)
+        lin += steps * k * (per_row + ffn_mult_adds(1, dd, f))
+        # step s attends to the s keys so far and to the memory
+        att += k * sum(score_mult_adds(1, s, q) + score_mult_adds(1, keys, q)
+                       for s in range(1, steps + 1))  # fmt: skip
+    out = steps * k * linear_mult_adds(1, dd, vocab) if vocab is not None else 0
     return MacsBreakdown(lin, att, 0, out)
 
 
