@@ -120,6 +120,68 @@ def test_translation_multi30k_script_on_a_tiny_folder(tmp_path, bench_script):
     assert (out / "run" / "latest").is_file()
 
 
+def _tiny_parallel_folder(root):
+    import random
+
+    words = {"man": "Mann", "dog": "Hund", "red": "rot", "big": "groß", "a": "ein"}
+    rng = random.Random(0)
+    root.mkdir()
+    for split, n in (("train", 120), ("val", 6), ("test_2016_flickr", 5)):
+        pairs = [[rng.choice(list(words)) for _ in range(rng.randint(1, 6))] for _ in range(n)]
+        (root / f"{split}.en").write_text("".join(" ".join(p) + ".\n" for p in pairs))
+        (root / f"{split}.de").write_text(
+            "".join(" ".join(words[w] for w in p) + ".\n" for p in pairs)
+        )
+    return root
+
+
+def test_translation_run_keeps_checkpoints_resumes_and_scores_every_convention(
+    tmp_path, bench_script
+):
+    """Issue 23: the Multi30k script keeps the checkpoints averaging needs (``--checkpoint-every``
+    / ``--keep``), a rerun of the same folder resumes from its checkpoint with the vocabulary
+    saved there (the earlier records kept), and ``translation_conventions.py`` scores the run
+    with the last checkpoint and with averages, under each decoding convention."""
+    data = _tiny_parallel_folder(tmp_path / "data")
+    script = bench_script("translation_multi30k")
+    out = tmp_path / "out"
+    common = [
+        "--data", str(data), "--time-budget", "600", "--eval-every", "0", "--beam", "2",
+        "--vocab-size", "100", "--max-tokens", "200", "--model", "seq2seq-tiny",
+        "--checkpoint-every", "1", "--keep", "3", "--out", str(out),
+    ]  # fmt: skip
+    assert script.main(["--max-steps", "3", *common]) == 0
+    assert script.main(["--max-steps", "5", *common]) == 0  # resumes at step 3
+    lines = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    envs = [r for r in lines if r["kind"] == "environment"]
+    assert [e["resumed"] for e in envs] == [False, True]
+    assert [r["step"] for r in lines if r["kind"] == "test"] == [3, 5]
+    ckpts = sorted(d.name for d in (out / "run").glob("step-*"))
+    assert ckpts == ["step-00000003", "step-00000004", "step-00000005"]
+
+    conventions = bench_script("translation_conventions")
+    scored = tmp_path / "scored"
+    assert conventions.main([
+        "--run", str(out / "run"), "--average", "2", "3", "--out", str(scored),
+    ]) == 0  # fmt: skip
+    records = [json.loads(x) for x in (scored / "results.jsonl").read_text().splitlines()][1:]
+    assert [(r["checkpoints"], r["decoding"]) for r in records] == [
+        (c, d) for c in ("last", "avg2", "avg3") for d in (
+            "beam5-lp1.0", "beam4-lp0.6-gnmt", "beam4-lp0.6-fairseq")
+    ]  # fmt: skip
+    assert all(r["sentences"] == 5 and "compound-split" in r["bleu_tok_signature"] for r in records)
+    assert [(r["beam"], r["lenpen"], r["lenpen_form"]) for r in records[:3]] == [
+        (5, 1.0, "fairseq"), (4, 0.6, "gnmt"), (4, 0.6, "fairseq"),
+    ]  # fmt: skip
+    # the averaged weights are other weights: another loss on the same split
+    assert records[0]["loss"] != records[3]["loss"] != records[6]["loss"]
+    assert (scored / "table.md").read_text().count("| avg3 |") == 3
+    # asking for more checkpoints than the run kept: one clear line, nothing written
+    assert conventions.main(["--run", str(out / "run"), "--average", "4", "--out",
+                             str(tmp_path / "x")]) == 2  # fmt: skip
+    assert not (tmp_path / "x").exists()
+
+
 def test_the_decoder_spread_leaves_out_the_encoder_pass(monkeypatch):
     """Issue 23: the search runs its own encoder pass; the decoder's mean was corrected for it
     but its spread was not. A scripted clock (no time is measured): encoder passes of 1-10 ms,
