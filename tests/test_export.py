@@ -22,6 +22,7 @@ from effiformer.export import (
     check_translation,
     export_language_model,
     export_translation,
+    program_length,
 )
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -104,6 +105,7 @@ def test_language_model_program_takes_any_batch_and_length():
     torch.manual_seed(0)
     model = create_model("vanilla-tiny").eval()
     prog = export_language_model(model)  # example (2, 16)
+    assert program_length(prog) is None  # not specialized to the example's length
     for shape in [(1, 5), (3, 40)]:
         ids = torch.randint(0, 256, shape, generator=torch.Generator().manual_seed(shape[1]))
         with torch.no_grad():

@@ -52,6 +52,7 @@ __all__ = [
     "export_language_model",
     "export_translation",
     "export_run",
+    "program_length",
 ]
 
 #: Field names of the Python ints in decoding states that count the positions decoded so far:
@@ -212,8 +213,6 @@ def _check_exportable(model: nn.Module) -> None:
     family = getattr(getattr(model, "config", None), "family", None)
     why = {
         "reformer": "LSH attention sorts and trims by data-dependent bucket counts",
-        "funnel": "the fused relative-attention core writes into out= buffers torch.export "
-        "cannot trace",
     }.get(family)
     if why:
         raise ExportError(f"{family} models cannot be exported: {why}")
@@ -224,18 +223,44 @@ def _check_exportable(model: nn.Module) -> None:
 def export_language_model(
     model: nn.Module, *, example_len: int = 16
 ) -> torch.export.ExportedProgram:
-    """The program ``ids (B, T) -> logits`` of a decoder-only ``model`` (eval mode), B and T
-    dynamic (T up to ``seq_len``)."""
+    """The program ``ids (B, T) -> logits`` of a decoder-only or encoder-only ``model`` (eval
+    mode), B dynamic and T dynamic (up to ``seq_len``) where the model allows it. A model whose
+    structure is computed from the length (Funnel-Transformer: its pooled lengths and
+    relative-position tables are Python integers) specializes T: it is exported for
+    ``T = seq_len`` (:func:`program_length` tells; pad the inputs to it)."""
     _check_exportable(model)
     cfg = model.config
-    ids = torch.randint(
-        0, cfg.vocab_size, (2, example_len), generator=torch.Generator().manual_seed(0)
-    )
-    ids = ids.to(next(model.parameters()).device)
-    dims = {"ids": {0: torch.export.Dim("batch", min=1, max=1024),
-                    1: torch.export.Dim("length", min=1, max=cfg.seq_len)}}  # fmt: skip
+    batch = torch.export.Dim("batch", min=1, max=1024)
+
+    def ids_of(length: int) -> Tensor:
+        ids = torch.randint(
+            0, cfg.vocab_size, (2, length), generator=torch.Generator().manual_seed(0)
+        )
+        return ids.to(next(model.parameters()).device)
+
+    dims = {"ids": {0: batch, 1: torch.export.Dim("length", min=1, max=cfg.seq_len)}}
     with torch.no_grad(), _explained(cfg.family):
-        return torch.export.export(LanguageModelStep(model), (ids,), dynamic_shapes=dims)
+        try:
+            return torch.export.export(
+                LanguageModelStep(model), (ids_of(example_len),), dynamic_shapes=dims
+            )
+        except torch._dynamo.exc.UserError as e:
+            if "specialized it to be a constant" not in str(e):
+                raise
+        # the length is part of the model's structure: one program per length
+        return torch.export.export(
+            LanguageModelStep(model), (ids_of(cfg.seq_len),), dynamic_shapes={"ids": {0: batch}}
+        )
+
+
+def program_length(program: torch.export.ExportedProgram) -> int | None:
+    """The sequence length a language-model program was specialized to (None: any length)."""
+    for node in program.graph.nodes:
+        if node.op == "placeholder" and node.name == "ids":
+            t = node.meta.get("val")
+            n = None if t is None else t.shape[1]
+            return n if isinstance(n, int) else None
+    return None
 
 
 @dataclass
@@ -465,15 +490,19 @@ def export_run(
                                                                        out / enc.name)  # fmt: skip
     else:
         prog = export_language_model(model)
+        fixed = program_length(prog)
         ids = torch.randint(
-            0, model.config.vocab_size, (3, 11), generator=torch.Generator().manual_seed(1)
+            0, model.config.vocab_size, (3, fixed or 11), generator=torch.Generator().manual_seed(1)
         )
         with torch.no_grad():
             diff = _max_diff(prog.module()(ids), model(ids).logits)
         path = _write_program(prog, out / "model", fmt, ["ids"], ["logits"])
+        length = "length" if fixed is None else str(fixed)
         info.update({"kind": "language_model", "model": path.name,
-                     "inputs": ["ids (batch, length)"], "outputs": ["logits (batch, length, vocab)"],
-                     "seq_len": model.config.seq_len, "max_abs_diff": diff})  # fmt: skip
+                     "inputs": [f"ids (batch, {length})"],
+                     "outputs": [f"logits (batch, {length}, vocab)"],
+                     "seq_len": model.config.seq_len, "fixed_length": fixed,
+                     "max_abs_diff": diff})  # fmt: skip
     for name in ("tokenizer.json", "pair.json", "vocab.json"):
         if (source / name).is_file():
             (out / name).write_bytes((source / name).read_bytes())

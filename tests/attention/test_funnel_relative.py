@@ -13,7 +13,7 @@ from effiformer.attention.funnel_relative import (
     relative_distances,
 )
 from effiformer.layers.pooling import pool_positions
-from effiformer.ops.funnel_core import FunnelCore as _FunnelCore
+from effiformer.ops.funnel_core import funnel_attention_core
 from effiformer.ops.funnel_core import _Buffers, _keep_mask
 
 D, H, DH = 16, 2, 8
@@ -226,19 +226,19 @@ def test_core_gradcheck_with_dropout_mask():
     # query is zeroed (the cls-mask) or not
     for row0 in (True, False):
         assert torch.autograd.gradcheck(
-            lambda qu, k, v, qf, kf, c0, r, pb, row0=row0: _FunnelCore.apply(
+            lambda qu, k, v, qf, kf, c0, r, pb, row0=row0: funnel_attention_core(
                 qu, k, v, qf, kf, c0, kb, r, pb, row0, shift, 0.3, 1234
             ),
             (qu, k, v, qf, kf, c0, r, pb),
         )
     none4 = (None, None, None, None, None, None)
     assert torch.autograd.gradcheck(
-        lambda *a: _FunnelCore.apply(*a, *none4, False, shift, 0.0, 0), (qu, k, v)
+        lambda *a: funnel_attention_core(*a, *none4, False, shift, 0.0, 0), (qu, k, v)
     )
     # strided views (the heads of a projection) are accepted as they are
     kv = torch.randn(b, tk, h, dh, dtype=F64, requires_grad=True)
     assert torch.autograd.gradcheck(
-        lambda a, kv_: _FunnelCore.apply(
+        lambda a, kv_: funnel_attention_core(
             a, kv_.transpose(1, 2), kv_.transpose(1, 2) * 2, *none4, False, 1, 0.0, 0
         ),
         (qu, kv),
@@ -261,7 +261,7 @@ def test_dropout_mask_keeps_one_minus_p_and_the_core_applies_it():
     torch.manual_seed(0)
     qu, k, v = (torch.randn(b, h, n, dh, dtype=F64) for n in (tq, tk, tk))
     none6 = (None,) * 6
-    out = _FunnelCore.apply(qu, k, v, *none6, False, 1, 0.3, 99)
+    out = funnel_attention_core(qu, k, v, *none6, False, 1, 0.3, 99)
     keep = _keep_mask(torch.Generator().manual_seed(99), (b * h, tq, tk), 0.3, _Buffers("cpu"))
     probs = torch.softmax(qu @ k.transpose(-1, -2), -1) * keep.view(b, h, tq, tk) / 0.7
     assert_close(out, probs @ v, rtol=1e-12, atol=1e-12)
@@ -276,7 +276,7 @@ def test_core_matches_softmax_reference_with_every_term():
     kf = kf.detach()
     kb = torch.zeros(b, 1, 1, tk, dtype=F64)
     kb[1, ..., -2:] = -1e6
-    out = _FunnelCore.apply(qu, k, v, qf, kf, c0, kb, r, pb, True, shift, 0.0, 0)
+    out = funnel_attention_core(qu, k, v, qf, kf, c0, kb, r, pb, True, shift, 0.0, 0)
     qv = qu + pb[None, :, None]
     qv = torch.cat([torch.zeros_like(qv[:, :, :1]), qv[:, :, 1:]], dim=2)
     idx = shift * (tq - torch.arange(tq))[:, None] + torch.arange(tk)[None]  # (Tq, Tk)

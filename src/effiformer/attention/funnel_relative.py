@@ -65,7 +65,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import AttentionConfig, ConfigError
-from ..ops.funnel_core import NEG_INF, FunnelCore, relative_shift
+from ..ops.funnel_core import NEG_INF, funnel_attention_core, relative_shift
 from .base import (
     AttentionDims,
     AttentionMask,
@@ -472,7 +472,7 @@ class FunnelRelativeAttention(AttentionPart):
         kf_t = torch.cat(kf, dim=-1) if kf else None  # (B, H, Tk, F)
         p = self.dropout if self.training else 0.0
         seed = int(torch.randint(0, 2**62, (1,))) if p > 0.0 else 0
-        o = FunnelCore.apply(
+        o = funnel_attention_core(
             qu,
             k,
             v,

@@ -18,7 +18,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["NEG_INF", "FunnelCore", "relative_shift"]
+__all__ = ["NEG_INF", "funnel_attention_core", "relative_shift"]
 
 NEG_INF = -1e6
 _CHUNK = 256  # at most this many query rows per relative-shift chunk
@@ -129,7 +129,211 @@ def _keep_mask(gen, shape, p: float, bufs: _Buffers) -> Tensor:
     return torch.ge(u, round(p * 2**31), out=bufs.get("keep", (n,), torch.bool)).view(shape)
 
 
-class FunnelCore(torch.autograd.Function):
+# The forward and the backward are registered operators (``torch.library.custom_op``) with fake
+# implementations and a registered autograd formula, so that ``torch.compile`` and
+# ``torch.export`` see one opaque op each (the chunk loop, the scratch buffers and their ``out=``
+# writes stay inside it). Absent inputs are ``None``; absent gradients come back from the backward
+# op as empty tensors (an op returns tensors only) and are turned into ``None`` here.
+
+
+@torch.library.custom_op("effiformer::funnel_core_forward", mutates_args=())
+def _forward_op(
+    qu: Tensor,
+    k: Tensor,
+    v: Tensor,
+    qf: Tensor | None,
+    kf: Tensor | None,
+    c0: Tensor | None,
+    kb: Tensor | None,
+    r: Tensor | None,
+    pb: Tensor | None,
+    row0: bool,
+    shift: int,
+    p: float,
+    seed: int,
+) -> Tensor:
+    b, h, tq, _ = qu.shape
+    quf = _flat(qu)  # (B*H, Tq, Dh), contiguous (transient when qu is a strided view)
+    qff = None if qf is None else _flat(qf)
+    kt = _flat(k).transpose(1, 2)  # (B*H, Dh, Tk)
+    kft = None if kf is None else _flat(kf).transpose(1, 2)  # (B*H, F, Tk)
+    vf = _flat(v)  # (B*H, Tk, Dv)
+    out = v.new_empty(b, tq, h, v.shape[-1]).permute(0, 2, 1, 3)  # (B, H, Tq, Dv) view
+    gen = torch.Generator(device=qu.device).manual_seed(seed) if p > 0 else None
+    bufs = _Buffers(qu.device)
+    for i0, i1 in _chunks(tq):
+        qv = None if r is None else _chunk_qv(qu, pb, row0, i0, i1)
+        s = _chunk_scores(quf, kt, qff, kft, c0, kb, qv, r, shift, i0, i1, bufs)  # (B*H, c, Tk)
+        probs = torch.ops.aten._softmax.out(s, -1, False, out=bufs.get("probs", s.shape, s.dtype))
+        del s
+        if gen is not None:
+            probs.mul_(_keep_mask(gen, probs.shape, p, bufs)).mul_(1.0 / (1.0 - p))
+        out[:, :, i0:i1] = torch.bmm(probs, vf).view(b, h, i1 - i0, -1)
+    return out
+
+
+@_forward_op.register_fake
+def _(qu, k, v, qf, kf, c0, kb, r, pb, row0, shift, p, seed):
+    b, h, tq, _ = qu.shape
+    return v.new_empty(b, tq, h, v.shape[-1]).permute(0, 2, 1, 3)
+
+
+@torch.library.custom_op("effiformer::funnel_core_backward", mutates_args=())
+def _backward_op(
+    grad_out: Tensor,
+    qu: Tensor,
+    k: Tensor,
+    v: Tensor,
+    qf: Tensor | None,
+    kf: Tensor | None,
+    c0: Tensor | None,
+    kb: Tensor | None,
+    r: Tensor | None,
+    pb: Tensor | None,
+    out: Tensor,
+    row0: bool,
+    shift: int,
+    p: float,
+    seed: int,
+    need_kf: bool,
+) -> list[Tensor]:
+    b, h, tq, dh = qu.shape
+    tk = k.shape[2]
+    bh = b * h
+    quf = _flat(qu)  # (B*H, Tq, Dh)
+    qff = None if qf is None else _flat(qf)
+    kf_ = _flat(k)  # (B*H, Tk, Dh)
+    kt = kf_.transpose(1, 2)
+    kff = None if kf is None else _flat(kf)
+    kft = None if kff is None else kff.transpose(1, 2)
+    vf = _flat(v)  # (B*H, Tk, Dv)
+    gof = _flat(grad_out)  # (B*H, Tq, Dv)
+    delta = (grad_out * out).sum(-1).reshape(bh, tq)  # rowsum(P dP) = rowsum(dO O)
+    gen = torch.Generator(device=qu.device).manual_seed(seed) if p > 0 else None
+    grad_qu = qu.new_empty(bh, tq, dh)
+    grad_k = torch.zeros_like(kf_)
+    grad_v = torch.zeros_like(vf)
+    grad_qf = None if qf is None else qff.new_empty(qff.shape)
+    grad_kf = None if kf is None or not need_kf else torch.zeros_like(kff)
+    grad_c0 = None if c0 is None else c0.new_empty(bh, tq)
+    grad_r = None if r is None else torch.zeros_like(r)
+    grad_pb = None if r is None else torch.zeros_like(pb)
+    bufs = _Buffers(qu.device)
+    for i0, i1 in _chunks(tq):
+        c = i1 - i0
+        qv = None if r is None else _chunk_qv(qu, pb, row0, i0, i1)
+        s = _chunk_scores(quf, kt, qff, kft, c0, kb, qv, r, shift, i0, i1, bufs)
+        probs = bufs.get("probs", s.shape, s.dtype)  # (B*H, c, Tk), recomputed
+        torch.ops.aten._softmax.out(s, -1, False, out=probs)
+        del s
+        g_out = gof[:, i0:i1]  # (B*H, c, Dv)
+        grad_p = bufs.get("grad_p", probs.shape, probs.dtype)
+        torch.bmm(g_out, vf.transpose(1, 2), out=grad_p)  # (B*H, c, Tk)
+        if gen is not None:
+            keep = _keep_mask(gen, probs.shape, p, bufs)
+            # the scores buffer is free again: dropped-out and rescaled probabilities
+            kept = torch.mul(probs, keep, out=bufs.get("scores", probs.shape, probs.dtype))
+            grad_v.baddbmm_(kept.mul_(1.0 / (1.0 - p)).transpose(1, 2), g_out)
+            grad_p.mul_(keep).mul_(1.0 / (1.0 - p))
+            del keep, kept
+        else:
+            grad_v.baddbmm_(probs.transpose(1, 2), g_out)
+        grad_s = grad_p.sub_(delta[:, i0:i1, None]).mul_(probs)  # softmax backward
+        del probs
+        if grad_c0 is not None:
+            grad_c0[:, i0:i1] = grad_s[:, :, 0]
+        torch.bmm(grad_s, kf_, out=grad_qu[:, i0:i1])
+        grad_k.baddbmm_(grad_s.transpose(1, 2), quf[:, i0:i1])
+        if qf is not None:
+            torch.bmm(grad_s, kff, out=grad_qf[:, i0:i1])
+            if grad_kf is not None:
+                grad_kf.baddbmm_(grad_s.transpose(1, 2), qff[:, i0:i1])
+        if r is not None:
+            lo = shift * (tq - i1)
+            width = tk + shift * c
+            r_c = r[:, lo : lo + width]  # (H, width, Dh)
+            g = bufs.get("g", (h, b, c, width), grad_s.dtype)  # (H, B, c, width)
+            # Zero only what the shifted view does not cover, then write the view.
+            flat = g.view(h, b, c * width)
+            flat[..., : shift * c].zero_()
+            flat[..., shift * c :].view(h, b, c, width - shift)[..., tk:].zero_()
+            relative_shift(g.transpose(0, 1), tk, shift).copy_(grad_s.view(b, h, c, tk))
+            g = g.view(h, b * c, width)
+            g_qv = torch.bmm(g, r_c).view(h, b, c, dh)  # (H, B, c, Dh)
+            if row0 and i0 == 0:
+                g_qv[:, :, 0] = 0
+            grad_qu.view(b, h, tq, dh)[:, :, i0:i1] += g_qv.transpose(0, 1)
+            grad_pb += g_qv.sum((1, 2))
+            grad_r[:, lo : lo + width].baddbmm_(g.transpose(1, 2), qv.view(h, b * c, dh))
+    def empty() -> Tensor:  # one per absent gradient: outputs may not alias each other
+        return qu.new_empty(0)
+
+    def flat(t: Tensor | None, like: Tensor | None) -> Tensor:
+        return empty() if t is None or like is None else t.view(like.shape)
+
+    return [
+        flat(grad_qu, qu),
+        flat(grad_k, k),
+        flat(grad_v, v),
+        flat(grad_qf, qf),
+        flat(grad_kf, kf),
+        flat(grad_c0, c0),
+        empty() if grad_r is None else grad_r,
+        empty() if grad_pb is None else grad_pb,
+    ]
+
+
+@_backward_op.register_fake
+def _(grad_out, qu, k, v, qf, kf, c0, kb, r, pb, out, row0, shift, p, seed, need_kf):
+    def like(t: Tensor | None, keep: bool = True) -> Tensor:
+        return (
+            qu.new_empty(0)
+            if t is None or not keep
+            else torch.empty_like(t, memory_format=torch.contiguous_format)
+        )
+
+    return [like(qu), like(k), like(v), like(qf), like(kf, need_kf), like(c0), like(r), like(pb)]
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    qu, k, v, qf, kf, c0, kb, r, pb, row0, shift, p, seed = inputs
+    ctx.save_for_backward(qu, k, v, qf, kf, c0, kb, r, pb, output)
+    ctx.row0, ctx.shift, ctx.p, ctx.seed = row0, shift, p, seed
+
+
+def _backward(ctx, grad_out):
+    qu, k, v, qf, kf, c0, kb, r, pb, out = ctx.saved_tensors
+    need = getattr(ctx, "needs_input_grad", None)
+    need_kf = kf is not None and (need is None or bool(need[4]))
+    grads = _backward_op(
+        grad_out.contiguous(), qu, k, v, qf, kf, c0, kb, r, pb, out,
+        ctx.row0, ctx.shift, ctx.p, ctx.seed, need_kf,
+    )  # fmt: skip
+    given = (qu, k, v, qf, kf, c0, r, pb)
+    gq, gk, gv, gqf, gkf, gc0, gr, gpb = (
+        None if t is None or g.numel() == 0 and t.numel() != 0 else g for g, t in zip(grads, given)
+    )
+    return gq, gk, gv, gqf, gkf, gc0, None, gr, gpb, None, None, None, None
+
+
+_forward_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def funnel_attention_core(
+    qu: Tensor,
+    k: Tensor,
+    v: Tensor,
+    qf: Tensor | None,
+    kf: Tensor | None,
+    c0: Tensor | None,
+    kb: Tensor | None,
+    r: Tensor | None,
+    pb: Tensor | None,
+    row0: bool,
+    shift: int,
+    p: float,
+    seed: int,
+) -> Tensor:
     """out = dropout(softmax(qu·k^T + qf·kf^T + shift(qv·r^T))) @ v, in query chunks.
 
     qu (B, H, Tq, Dh), k (B, H, Tk, Dh): content query (with the u bias) and keys.
@@ -149,118 +353,4 @@ class FunnelCore(torch.autograd.Function):
     (B, Tq, H, Dv) in memory and returned as a (B, H, Tq, Dv) view, so the caller's
     ``transpose(1, 2).reshape(B, Tq, H*Dv)`` is free.
     """
-
-    @staticmethod
-    def forward(ctx, qu, k, v, qf, kf, c0, kb, r, pb, row0: bool, shift: int, p: float, seed: int):
-        b, h, tq, _ = qu.shape
-        quf = _flat(qu)  # (B*H, Tq, Dh), contiguous (transient when qu is a strided view)
-        qff = None if qf is None else _flat(qf)
-        kt = _flat(k).transpose(1, 2)  # (B*H, Dh, Tk)
-        kft = None if kf is None else _flat(kf).transpose(1, 2)  # (B*H, F, Tk)
-        vf = _flat(v)  # (B*H, Tk, Dv)
-        out = v.new_empty(b, tq, h, v.shape[-1]).permute(0, 2, 1, 3)  # (B, H, Tq, Dv) view
-        gen = torch.Generator(device=qu.device).manual_seed(seed) if p > 0 else None
-        bufs = _Buffers(qu.device)
-        for i0, i1 in _chunks(tq):
-            qv = None if r is None else _chunk_qv(qu, pb, row0, i0, i1)
-            s = _chunk_scores(quf, kt, qff, kft, c0, kb, qv, r, shift, i0, i1, bufs)  # (B*H, c, Tk)
-            probs = torch.ops.aten._softmax.out(
-                s, -1, False, out=bufs.get("probs", s.shape, s.dtype)
-            )
-            del s
-            if gen is not None:
-                probs.mul_(_keep_mask(gen, probs.shape, p, bufs)).mul_(1.0 / (1.0 - p))
-            out[:, :, i0:i1] = torch.bmm(probs, vf).view(b, h, i1 - i0, -1)
-        ctx.shift, ctx.p, ctx.seed, ctx.row0 = shift, p, seed, row0
-        ctx.save_for_backward(qu, k, v, qf, kf, c0, kb, r, pb, out)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        qu, k, v, qf, kf, c0, kb, r, pb, out = ctx.saved_tensors
-        shift, p, row0 = ctx.shift, ctx.p, ctx.row0
-        b, h, tq, dh = qu.shape
-        tk = k.shape[2]
-        bh = b * h
-        need = ctx.needs_input_grad
-        quf = _flat(qu)  # (B*H, Tq, Dh)
-        qff = None if qf is None else _flat(qf)
-        kf_ = _flat(k)  # (B*H, Tk, Dh)
-        kt = kf_.transpose(1, 2)
-        kff = None if kf is None else _flat(kf)
-        kft = None if kff is None else kff.transpose(1, 2)
-        vf = _flat(v)  # (B*H, Tk, Dv)
-        gof = _flat(grad_out)  # (B*H, Tq, Dv)
-        delta = (grad_out * out).sum(-1).reshape(bh, tq)  # rowsum(P dP) = rowsum(dO O)
-        gen = torch.Generator(device=qu.device).manual_seed(ctx.seed) if p > 0 else None
-        grad_qu = qu.new_empty(bh, tq, dh)
-        grad_k = torch.zeros_like(kf_)
-        grad_v = torch.zeros_like(vf)
-        grad_qf = None if qf is None else qff.new_empty(qff.shape)
-        grad_kf = None if kf is None or not need[4] else torch.zeros_like(kff)
-        grad_c0 = None if c0 is None else c0.new_empty(bh, tq)
-        grad_r = None if r is None else torch.zeros_like(r)
-        grad_pb = None if r is None else torch.zeros_like(pb)
-        bufs = _Buffers(qu.device)
-        for i0, i1 in _chunks(tq):
-            c = i1 - i0
-            qv = None if r is None else _chunk_qv(qu, pb, row0, i0, i1)
-            s = _chunk_scores(quf, kt, qff, kft, c0, kb, qv, r, shift, i0, i1, bufs)
-            probs = bufs.get("probs", s.shape, s.dtype)  # (B*H, c, Tk), recomputed
-            torch.ops.aten._softmax.out(s, -1, False, out=probs)
-            del s
-            g_out = gof[:, i0:i1]  # (B*H, c, Dv)
-            grad_p = bufs.get("grad_p", probs.shape, probs.dtype)
-            torch.bmm(g_out, vf.transpose(1, 2), out=grad_p)  # (B*H, c, Tk)
-            if gen is not None:
-                keep = _keep_mask(gen, probs.shape, p, bufs)
-                # the scores buffer is free again: dropped-out and rescaled probabilities
-                kept = torch.mul(probs, keep, out=bufs.get("scores", probs.shape, probs.dtype))
-                grad_v.baddbmm_(kept.mul_(1.0 / (1.0 - p)).transpose(1, 2), g_out)
-                grad_p.mul_(keep).mul_(1.0 / (1.0 - p))
-                del keep, kept
-            else:
-                grad_v.baddbmm_(probs.transpose(1, 2), g_out)
-            grad_s = grad_p.sub_(delta[:, i0:i1, None]).mul_(probs)  # softmax backward
-            del probs
-            if grad_c0 is not None:
-                grad_c0[:, i0:i1] = grad_s[:, :, 0]
-            torch.bmm(grad_s, kf_, out=grad_qu[:, i0:i1])
-            grad_k.baddbmm_(grad_s.transpose(1, 2), quf[:, i0:i1])
-            if qf is not None:
-                torch.bmm(grad_s, kff, out=grad_qf[:, i0:i1])
-                if grad_kf is not None:
-                    grad_kf.baddbmm_(grad_s.transpose(1, 2), qff[:, i0:i1])
-            if r is not None:
-                lo = shift * (tq - i1)
-                width = tk + shift * c
-                r_c = r[:, lo : lo + width]  # (H, width, Dh)
-                g = bufs.get("g", (h, b, c, width), grad_s.dtype)  # (H, B, c, width)
-                # Zero only what the shifted view does not cover, then write the view.
-                flat = g.view(h, b, c * width)
-                flat[..., : shift * c].zero_()
-                flat[..., shift * c :].view(h, b, c, width - shift)[..., tk:].zero_()
-                relative_shift(g.transpose(0, 1), tk, shift).copy_(grad_s.view(b, h, c, tk))
-                g = g.view(h, b * c, width)
-                g_qv = torch.bmm(g, r_c).view(h, b, c, dh)  # (H, B, c, Dh)
-                if row0 and i0 == 0:
-                    g_qv[:, :, 0] = 0
-                grad_qu.view(b, h, tq, dh)[:, :, i0:i1] += g_qv.transpose(0, 1)
-                grad_pb += g_qv.sum((1, 2))
-                grad_r[:, lo : lo + width].baddbmm_(g.transpose(1, 2), qv.view(h, b * c, dh))
-        view = lambda t, like: None if t is None else t.view(like.shape)  # noqa: E731
-        return (
-            view(grad_qu, qu),
-            view(grad_k, k),
-            view(grad_v, v),
-            view(grad_qf, qf),
-            view(grad_kf, kf),
-            view(grad_c0, c0),
-            None,
-            grad_r,
-            grad_pb,
-            None,
-            None,
-            None,
-            None,
-        )
+    return _forward_op(qu, k, v, qf, kf, c0, kb, r, pb, bool(row0), int(shift), float(p), int(seed))
