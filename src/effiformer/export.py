@@ -210,12 +210,6 @@ def _explained(family: str):
 
 
 def _check_exportable(model: nn.Module) -> None:
-    family = getattr(getattr(model, "config", None), "family", None)
-    why = {
-        "reformer": "LSH attention sorts and trims by data-dependent bucket counts",
-    }.get(family)
-    if why:
-        raise ExportError(f"{family} models cannot be exported: {why}")
     if model.training:
         raise ExportError("export a model in eval mode (model.eval()): dropout would be traced")
 
@@ -226,8 +220,8 @@ def export_language_model(
     """The program ``ids (B, T) -> logits`` of a decoder-only or encoder-only ``model`` (eval
     mode), B dynamic and T dynamic (up to ``seq_len``) where the model allows it. A model whose
     structure is computed from the length (Funnel-Transformer: its pooled lengths and
-    relative-position tables are Python integers) specializes T: it is exported for
-    ``T = seq_len`` (:func:`program_length` tells; pad the inputs to it)."""
+    relative-position tables are Python integers; the Reformer: its chunk counts) is exported
+    for ``T = seq_len`` (:func:`program_length` tells; pad the inputs to it)."""
     _check_exportable(model)
     cfg = model.config
     batch = torch.export.Dim("batch", min=1, max=1024)
@@ -239,18 +233,19 @@ def export_language_model(
         return ids.to(next(model.parameters()).device)
 
     dims = {"ids": {0: batch, 1: torch.export.Dim("length", min=1, max=cfg.seq_len)}}
+    step = LanguageModelStep(model)
     with torch.no_grad(), _explained(cfg.family):
         try:
-            return torch.export.export(
-                LanguageModelStep(model), (ids_of(example_len),), dynamic_shapes=dims
-            )
-        except torch._dynamo.exc.UserError as e:
-            if "specialized it to be a constant" not in str(e):
-                raise
-        # the length is part of the model's structure: one program per length
-        return torch.export.export(
-            LanguageModelStep(model), (ids_of(cfg.seq_len),), dynamic_shapes={"ids": {0: batch}}
-        )
+            return torch.export.export(step, (ids_of(example_len),), dynamic_shapes=dims)
+        except Exception as dynamic_failed:
+            # the length is part of the model's structure (Funnel's pooled lengths, LSH's chunk
+            # counts): one program for one length, or the first failure if that fails too
+            try:
+                return torch.export.export(
+                    step, (ids_of(cfg.seq_len),), dynamic_shapes={"ids": {0: batch}}
+                )
+            except Exception:
+                raise dynamic_failed from None
 
 
 def program_length(program: torch.export.ExportedProgram) -> int | None:

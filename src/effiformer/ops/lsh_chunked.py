@@ -1,6 +1,6 @@
 """The chunked attention kernel of LSH attention (the Reformer's), on the ops floor: attention
 inside chunks of a sorted stream plus each chunk's neighbours (circularly), every round of hashing
-combined by its logsumexp, as one custom autograd function that keeps q, k, v, the output and one
+combined by its logsumexp, as two registered operators (forward and backward) that keep q, k, v, the output and one
 logsumexp per slot and recomputes each block of logits in the backward (flash-attention style).
 The mechanism (``effiformer.attention.lsh``) owns the mathematics around it: the hashing, the
 sort (whose permutation it hands over as ``positions`` and ``slots``), the shared-QK keys.
@@ -236,105 +236,167 @@ def _block_inputs(lay, gr, a, b, q, k, v):
     return qr, er, qb, kw, vw
 
 
-class _LSHCore(torch.autograd.Function):
-    """Chunked attention over the sorted stream, rounds combined by logsumexp.
+# The forward and the backward are registered operators (``torch.library.custom_op``) with fake
+# implementations and a registered autograd formula, so that ``torch.compile`` and
+# ``torch.export`` see one opaque op each (the group and block loops, the strided window views
+# and the in-place writes stay inside). The layout travels as its tensors and integers
+# (:func:`_layout_args`); the forward also returns the per-slot logsumexp and the per-position
+# round normalisers the backward reads (not differentiable).
 
-    forward(q, k, v, layout, dropout_p, seed, fused): q, k, v (rows, Dh) -> o (rows, Dh).
-    Saves q, k, v, o, one logsumexp per slot and two numbers per position (the round softmax's
-    max and sum); the backward recomputes every block of logits (see the module docstring).
-    """
 
-    @staticmethod
-    def forward(ctx, q, k, v, lay: ChunkedLayout, dropout_p: float, seed: int | None, fused: bool):
-        acc = _acc_dtype(q.dtype)
-        dh = q.shape[-1]
-        o = torch.empty_like(q)
-        lse_sorted = torch.empty(lay.bh, lay.slots, dtype=acc, device=q.device)
-        norm = torch.empty(lay.bh, 2, lay.length, dtype=acc, device=q.device)
-        gen = _dropout_generator(seed, q.device)
-        with torch.autocast(q.device.type, enabled=False):
-            for s0, s1 in lay.groups():
-                gr = _group(lay, s0, s1)
-                o_s = torch.empty(s1 - s0, lay.slots, dh, dtype=q.dtype, device=q.device)
-                lse_s = lse_sorted[s0:s1]  # (g, S)
-                for a, b in lay.blocks(s1 - s0):
-                    _, _, qb, kw, vw = _block_inputs(lay, gr, a, b, q, k, v)
-                    bias = _bias(lay, gr, a, b, q.dtype if fused else acc)
-                    if fused:
-                        out, lse = flash_forward(qb, kw, vw, 0.0, False, attn_mask=bias, scale=1.0)
+def _layout_args(lay: ChunkedLayout) -> tuple:
+    return (lay.q_rows, lay.undo, lay.stream_rows, lay.real, lay.locs, lay.heads, lay.length,
+            lay.n_hashes, lay.chunk, lay.before, lay.after, lay.causal)  # fmt: skip
+
+
+def _layout(q_rows, undo, stream_rows, real, locs, heads, length, n_hashes, chunk, before, after,
+            causal) -> ChunkedLayout:  # fmt: skip
+    return ChunkedLayout(
+        bh=q_rows.shape[0], heads=heads, length=length, n_hashes=n_hashes, chunk=chunk,
+        n_chunks=n_hashes * length // chunk, before=before, after=after, causal=causal,
+        q_rows=q_rows, undo=undo, stream_rows=stream_rows, real=real, locs=locs,
+    )  # fmt: skip
+
+
+@torch.library.custom_op("effiformer::lsh_chunked_forward", mutates_args=())
+def _forward_op(
+    q: Tensor, k: Tensor, v: Tensor,
+    q_rows: Tensor, undo: Tensor, stream_rows: Tensor, real: Tensor | None, locs: Tensor | None,
+    heads: int, length: int, n_hashes: int, chunk: int, before: int, after: int, causal: bool,
+    dropout_p: float, seed: int, has_seed: bool, fused: bool,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """(o (rows, Dh), lse_sorted (BH, S), norm (BH, 2, L)); see :func:`chunked_attention`."""
+    lay = _layout(q_rows, undo, stream_rows, real, locs, heads, length, n_hashes, chunk, before,
+                  after, causal)  # fmt: skip
+    acc = _acc_dtype(q.dtype)
+    dh = q.shape[-1]
+    o = q.new_empty(q.shape)
+    lse_sorted = torch.empty(lay.bh, lay.slots, dtype=acc, device=q.device)
+    norm = torch.empty(lay.bh, 2, lay.length, dtype=acc, device=q.device)
+    gen = _dropout_generator(seed if has_seed else None, q.device)
+    with torch.autocast(q.device.type, enabled=False):
+        for s0, s1 in lay.groups():
+            gr = _group(lay, s0, s1)
+            o_s = torch.empty(s1 - s0, lay.slots, dh, dtype=q.dtype, device=q.device)
+            lse_s = lse_sorted[s0:s1]  # (g, S)
+            for a, b in lay.blocks(s1 - s0):
+                _, _, qb, kw, vw = _block_inputs(lay, gr, a, b, q, k, v)
+                bias = _bias(lay, gr, a, b, q.dtype if fused else acc)
+                if fused:
+                    out, lse = flash_forward(qb, kw, vw, 0.0, False, attn_mask=bias, scale=1.0)
+                else:
+                    s = torch.matmul(qb, kw.transpose(-1, -2)).to(acc) + bias  # (g,n,c,W)
+                    lse = torch.logsumexp(s, dim=-1)
+                    # normalised by the sum, not exp(s - lse): exact when every visible
+                    # logit is near -1e5 (a token alone with itself, maybe twice)
+                    p = torch.softmax(s, dim=-1)
+                    if gen is not None:
+                        p = p * _keep_mask(p.shape, gen, dropout_p, q.device, acc)
+                    out = torch.matmul(p.to(v.dtype), vw)
+                _chunks(o_s, lay, a, b).copy_(out)
+                _chunks(lse_s, lay, a, b).copy_(lse)
+            o_g, norm[s0:s1] = _combine(lay, s0, s1, o_s, lse_s)
+            o.index_copy_(0, lay.stream_rows[s0:s1].reshape(-1), o_g)
+    return o, lse_sorted, norm
+
+
+@_forward_op.register_fake
+def _(q, k, v, q_rows, undo, stream_rows, real, locs, heads, length, n_hashes, chunk, before,
+      after, causal, dropout_p, seed, has_seed, fused):  # fmt: skip
+    acc = _acc_dtype(q.dtype)
+    bh = q_rows.shape[0]
+    return (
+        q.new_empty(q.shape),
+        q.new_empty(bh, n_hashes * length, dtype=acc),
+        q.new_empty(bh, 2, length, dtype=acc),
+    )
+
+
+@torch.library.custom_op("effiformer::lsh_chunked_backward", mutates_args=())
+def _backward_op(
+    grad_o: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse_sorted: Tensor, norm: Tensor,
+    q_rows: Tensor, undo: Tensor, stream_rows: Tensor, real: Tensor | None, locs: Tensor | None,
+    heads: int, length: int, n_hashes: int, chunk: int, before: int, after: int, causal: bool,
+    dropout_p: float, seed: int, has_seed: bool, fused: bool,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """(dq, dk, dv), each (rows, Dh): every block of logits recomputed."""
+    lay = _layout(q_rows, undo, stream_rows, real, locs, heads, length, n_hashes, chunk, before,
+                  after, causal)  # fmt: skip
+    acc = _acc_dtype(q.dtype)
+    dh = q.shape[-1]
+    dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    grad_o = grad_o.contiguous()
+    gen = _dropout_generator(seed if has_seed else None, q.device)
+    with torch.autocast(q.device.type, enabled=False):
+        for s0, s1 in lay.groups():
+            gr = _group(lay, s0, s1)
+            g = s1 - s0
+            lse_s = lse_sorted[s0:s1]  # (g, S)
+            w = _round_weights(norm[s0:s1], lse_s, gr.qpos)  # (g, S) round weights
+            # gradients per sorted slot (no scatter-add: CPU index_add_ is erratic), unsorted
+            # through the inverse permutation at the end
+            dq_s, dk_s, dv_s = torch.zeros(3, g, lay.slots, dh, dtype=q.dtype, device=q.device)
+            for a, b in lay.blocks(g):
+                qr, _, qb, kw, vw = _block_inputs(lay, gr, a, b, q, k, v)
+                flat = qr.reshape(-1)
+                wb = _chunks(w, lay, a, b)[..., None]  # (g, n, c, 1)
+                gb = (grad_o[flat].view(qb.shape).to(acc) * wb).to(q.dtype)  # w_r dO
+                ob = o[flat].view(qb.shape)  # the combined output at each slot
+                lse = _chunks(lse_s, lay, a, b)
+                bias = _bias(lay, gr, a, b, q.dtype if fused else acc)
+                if fused:
+                    gq, gk, gv = flash_backward(
+                        gb, qb, kw, vw, ob, lse, 0.0, False, attn_mask=bias, scale=1.0
+                    )
+                else:
+                    s = torch.matmul(qb, kw.transpose(-1, -2)).to(acc) + bias
+                    p = torch.softmax(s, dim=-1)  # (g, n, c, W), as in the forward
+                    dp = torch.matmul(gb, vw.transpose(-1, -2)).to(acc)
+                    if gen is not None:
+                        m = _keep_mask(p.shape, gen, dropout_p, q.device, acc)
+                        pd, dp = p * m, dp * m
                     else:
-                        s = torch.matmul(qb, kw.transpose(-1, -2)).to(acc) + bias  # (g,n,c,W)
-                        lse = torch.logsumexp(s, dim=-1)
-                        # normalised by the sum, not exp(s - lse): exact when every visible
-                        # logit is near -1e5 (a token alone with itself, maybe twice)
-                        p = torch.softmax(s, dim=-1)
-                        if gen is not None:
-                            p = p * _keep_mask(p.shape, gen, dropout_p, q.device, acc)
-                        out = torch.matmul(p.to(v.dtype), vw)
-                    _chunks(o_s, lay, a, b).copy_(out)
-                    _chunks(lse_s, lay, a, b).copy_(lse)
-                o_g, norm[s0:s1] = _combine(lay, s0, s1, o_s, lse_s)
-                o.index_copy_(0, lay.stream_rows[s0:s1].reshape(-1), o_g)
-        ctx.save_for_backward(q, k, v, o, lse_sorted, norm)
-        ctx.lay, ctx.dropout_p, ctx.seed, ctx.fused = lay, dropout_p, seed, fused
-        return o
+                        pd = p
+                    delta = (gb.to(acc) * ob.to(acc)).sum(-1, keepdim=True)  # (g,n,c,1)
+                    ds = (p * (dp - delta)).to(q.dtype)
+                    gq = torch.matmul(ds, kw)  # (g, n, c, Dh)
+                    gk = torch.matmul(ds.transpose(-1, -2), qb)  # (g, n, W, Dh)
+                    gv = torch.matmul(pd.to(v.dtype).transpose(-1, -2), gb)
+                _chunks(dq_s, lay, a, b).copy_(gq)
+                # window part i of chunk j belongs to chunk j + i - before (circularly)
+                for i in range(lay.width):
+                    part = slice(i * lay.chunk, (i + 1) * lay.chunk)
+                    _add_chunks(dk_s, lay, a + i - lay.before, gk[:, :, part])
+                    _add_chunks(dv_s, lay, a + i - lay.before, gv[:, :, part])
+            rows = lay.stream_rows[s0:s1].reshape(-1)
+            dq[rows] = _unsort(lay, s0, s1, dq_s)
+            dk[rows] = _unsort(lay, s0, s1, dk_s)
+            dv[rows] = _unsort(lay, s0, s1, dv_s)
+    return dq, dk, dv
 
-    @staticmethod
-    def backward(ctx, grad_o):
-        q, k, v, o, lse_sorted, norm = ctx.saved_tensors
-        lay: ChunkedLayout = ctx.lay
-        fused = ctx.fused
-        acc = _acc_dtype(q.dtype)
-        dh = q.shape[-1]
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        grad_o = grad_o.contiguous()
-        gen = _dropout_generator(ctx.seed, q.device)
-        with torch.autocast(q.device.type, enabled=False):
-            for s0, s1 in lay.groups():
-                gr = _group(lay, s0, s1)
-                g = s1 - s0
-                lse_s = lse_sorted[s0:s1]  # (g, S)
-                w = _round_weights(norm[s0:s1], lse_s, gr.qpos)  # (g, S) round weights
-                # gradients per sorted slot (no scatter-add: CPU index_add_ is erratic), unsorted
-                # through the inverse permutation at the end
-                dq_s, dk_s, dv_s = torch.zeros(3, g, lay.slots, dh, dtype=q.dtype, device=q.device)
-                for a, b in lay.blocks(g):
-                    qr, _, qb, kw, vw = _block_inputs(lay, gr, a, b, q, k, v)
-                    flat = qr.reshape(-1)
-                    wb = _chunks(w, lay, a, b)[..., None]  # (g, n, c, 1)
-                    gb = (grad_o[flat].view(qb.shape).to(acc) * wb).to(q.dtype)  # w_r dO
-                    ob = o[flat].view(qb.shape)  # the combined output at each slot
-                    lse = _chunks(lse_s, lay, a, b)
-                    bias = _bias(lay, gr, a, b, q.dtype if fused else acc)
-                    if fused:
-                        gq, gk, gv = flash_backward(
-                            gb, qb, kw, vw, ob, lse, 0.0, False, attn_mask=bias, scale=1.0
-                        )
-                    else:
-                        s = torch.matmul(qb, kw.transpose(-1, -2)).to(acc) + bias
-                        p = torch.softmax(s, dim=-1)  # (g, n, c, W), as in the forward
-                        dp = torch.matmul(gb, vw.transpose(-1, -2)).to(acc)
-                        if gen is not None:
-                            m = _keep_mask(p.shape, gen, ctx.dropout_p, q.device, acc)
-                            pd, dp = p * m, dp * m
-                        else:
-                            pd = p
-                        delta = (gb.to(acc) * ob.to(acc)).sum(-1, keepdim=True)  # (g,n,c,1)
-                        ds = (p * (dp - delta)).to(q.dtype)
-                        gq = torch.matmul(ds, kw)  # (g, n, c, Dh)
-                        gk = torch.matmul(ds.transpose(-1, -2), qb)  # (g, n, W, Dh)
-                        gv = torch.matmul(pd.to(v.dtype).transpose(-1, -2), gb)
-                    _chunks(dq_s, lay, a, b).copy_(gq)
-                    # window part i of chunk j belongs to chunk j + i - before (circularly)
-                    for i in range(lay.width):
-                        part = slice(i * lay.chunk, (i + 1) * lay.chunk)
-                        _add_chunks(dk_s, lay, a + i - lay.before, gk[:, :, part])
-                        _add_chunks(dv_s, lay, a + i - lay.before, gv[:, :, part])
-                rows = lay.stream_rows[s0:s1].reshape(-1)
-                dq[rows] = _unsort(lay, s0, s1, dq_s)
-                dk[rows] = _unsort(lay, s0, s1, dk_s)
-                dv[rows] = _unsort(lay, s0, s1, dv_s)
-        return dq, dk, dv, None, None, None, None
+
+@_backward_op.register_fake
+def _(grad_o, q, k, v, o, lse_sorted, norm, q_rows, undo, stream_rows, real, locs, heads, length,
+      n_hashes, chunk, before, after, causal, dropout_p, seed, has_seed, fused):  # fmt: skip
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, *layout_tensors = inputs[:8]
+    o, lse_sorted, norm = output
+    ctx.save_for_backward(q, k, v, o, lse_sorted, norm, *layout_tensors)
+    ctx.rest = inputs[8:]  # the layout's integers, dropout_p, seed, has_seed, fused
+    ctx.mark_non_differentiable(lse_sorted, norm)
+
+
+def _backward(ctx, grad_o, grad_lse, grad_norm):
+    q, k, v, o, lse_sorted, norm, *layout_tensors = ctx.saved_tensors
+    dq, dk, dv = _backward_op(grad_o.contiguous(), q, k, v, o, lse_sorted, norm,
+                              *layout_tensors, *ctx.rest)  # fmt: skip
+    return (dq, dk, dv) + (None,) * 16
+
+
+_forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def _add_chunks(t_s: Tensor, lay: ChunkedLayout, first: int, part: Tensor) -> None:
@@ -469,7 +531,10 @@ def chunked_attention(
     if dropout_p > 0.0:
         seed = int(torch.randint(0, 2**62, (1,)).item())
     fused = _use_fused(q, dropout_p, impl)
-    o = _LSHCore.apply(_rows(q), _rows(k), _rows(v), layout, dropout_p, seed, fused)
+    o, _, _ = _forward_op(
+        _rows(q), _rows(k), _rows(v), *_layout_args(layout), float(dropout_p),
+        0 if seed is None else seed, seed is not None, fused,
+    )  # fmt: skip
     return o.view(b, t, h, dh).transpose(1, 2)
 
 
