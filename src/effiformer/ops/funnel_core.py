@@ -265,6 +265,7 @@ def _backward_op(
             grad_qu.view(b, h, tq, dh)[:, :, i0:i1] += g_qv.transpose(0, 1)
             grad_pb += g_qv.sum((1, 2))
             grad_r[:, lo : lo + width].baddbmm_(g.transpose(1, 2), qv.view(h, b * c, dh))
+
     def empty() -> Tensor:  # one per absent gradient: outputs may not alias each other
         return qu.new_empty(0)
 
