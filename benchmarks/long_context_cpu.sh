@@ -24,6 +24,11 @@ effiformer bench --part quality --budget cpu-long --tasks lm-ptb --lengths 4096 
 python benchmarks/quality_extend.py --from "$OUT" --cell lm-ptb/dense/T4096/lr0.002/s0 \
     --steps 1060 --out benchmarks/results/long_context_cpu_dense_equal_steps --data "$DATA"
 
+# 2c. second seed of LSRA, the best row (run alone after step 1, beside the Multi30k run of issue
+#     23 on the other core)
+effiformer bench --part quality --budget cpu-long --tasks lm-ptb --lengths 4096 --lr 2e-3 \
+    --seeds 2 --equal-time 900 --cell-timeout 5400 --data "$DATA" --out "$OUT" --attention lsra
+
 # 3. the table and the plot against estimated quiet minutes
 python benchmarks/long_context_report.py --out "$OUT"
 
