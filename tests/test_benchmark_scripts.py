@@ -258,3 +258,11 @@ def test_time_budget_runs_size_their_schedule_through_train(tmp_path, data_env, 
     (rec,) = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()[1:]]
     assert rec["stop_reason"] in ("time_budget", "steps")
     assert rec["schedule_steps"] >= rec["steps"] > 0
+
+
+def test_compile_time_script_reports_first_call_and_steps(bench_script, capsys, keep_threads):
+    script = bench_script("compile_time")
+    assert script.main(["vanilla-tiny", "--backend", "aot_eager", "--steps", "1"]) == 0
+    rec = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rec["model"] == "vanilla-tiny" and rec["backend"] == "aot_eager"
+    assert rec["first_call_s"] > 0 and rec["compiled_step_s"] > 0 and rec["eager_step_s"] > 0

@@ -95,7 +95,7 @@ from torch import Tensor
 
 from ..config import AttentionConfig, ConfigError
 from ..ops.tiled_sparse import PreparedCall, SparsePlan, TileCall, summary_index, tiled_attention
-from ..ops.tracing import can_read_values
+from ..ops.tracing import can_read_values, tracing
 from .base import (
     AttentionDims,
     AttentionMask,
@@ -441,7 +441,9 @@ def build_plan(
         if key_padding is not None:
             keep = keep & key_padding[:, None, None, :].to(device=device, dtype=torch.bool)
         return SparsePlan(seq_len, seq_len, st, c, n_heads, causal, dense_keep=keep)
-    calls, bases = _structural_plan(config, n_heads, tp, causal, device, dtype)
+    # while tracing, the masks are the tracer's (fake) tensors: never cached for eager calls
+    build = _structural_plan.__wrapped__ if tracing() else _structural_plan
+    calls, bases = build(config, n_heads, tp, causal, device, dtype)
     kp = None
     if key_padding is not None or (tp > seq_len and not causal):
         # Causal: the tail padding sits after every real query, so no real query sees it.

@@ -13,13 +13,13 @@ patterns, their head roles and summaries -- is the mechanism's
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from .flash_cpu import flash_backward, flash_forward, flash_unavailable
 
@@ -357,20 +357,118 @@ def _run_backward(
     return dq, dk, dv
 
 
-class _TiledAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, plan):
-        out, lse = _run_forward(plan, q, k, v)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.plan = plan
-        return out
+# The forward and the backward are registered operators (``torch.library.custom_op``) with fake
+# implementations and a registered autograd formula, so that ``torch.compile`` and
+# ``torch.export`` see one opaque op each instead of every tile call unrolled (which made a tiny
+# model's inductor compile take minutes). The plan travels as its tensors (each call's mask and
+# empty-row flags) and a string of its static structure (:func:`_structure`), decoded once
+# per distinct plan (:func:`_decode`).
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dout):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _run_backward(ctx.plan, q, k, v, out, lse, dout.contiguous())
-        return dq, dk, dv, None
+
+def _structure(plan: SparsePlan) -> str:
+    """The plan's static structure as one string (plain formatting, which ``torch.compile``
+    folds to a constant): ``seq_len;padded_len;stride;summary;n_heads;causal;bases;calls``, the
+    bases comma-separated, each call ``kind:h0:h1:q0:q1:k0:k1:causal:rel:sub`` (``rel`` ``-``
+    when none), calls separated by ``|``."""
+    calls = "|".join(
+        f"{c.kind}:{c.heads[0]}:{c.heads[1]}:{c.q[0]}:{c.q[1]}:{c.k[0]}:{c.k[1]}:"
+        f"{int(c.causal)}:{c.rel or '-'}:{c.sub}"
+        for c in (pc.call for pc in plan.calls)
+    )
+    bases = ",".join(str(x) for x in plan.bases)
+    return (
+        f"{plan.seq_len};{plan.padded_len};{plan.stride};{plan.summary};{plan.n_heads};"
+        f"{int(plan.causal)};{bases};{calls}"
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _decode(structure: str) -> tuple[dict, tuple[TileCall, ...]]:
+    seq_len, padded_len, stride, summary, n_heads, causal, bases, calls = structure.split(";")
+    d = {
+        "seq_len": int(seq_len), "padded_len": int(padded_len), "stride": int(stride),
+        "summary": int(summary), "n_heads": int(n_heads), "causal": causal == "1",
+        "bases": tuple(int(x) for x in bases.split(",")) if bases else (),
+    }  # fmt: skip
+    parsed = []
+    for text in calls.split("|") if calls else []:
+        kind, h0, h1, q0, q1, k0, k1, c, rel, sub = text.split(":")
+        parsed.append(TileCall(kind, (int(h0), int(h1)), (int(q0), int(q1)), (int(k0), int(k1)),
+                               causal=c == "1", rel=None if rel == "-" else rel, sub=int(sub)))  # fmt: skip
+    return d, tuple(parsed)
+
+
+def _plan(structure: str, masks: list, empties: list) -> SparsePlan:
+    d, calls = _decode(structure)
+    prepared = tuple(PreparedCall(c, m, e) for c, m, e in zip(calls, masks, empties))
+    return SparsePlan(**d, calls=prepared)
+
+
+@torch.library.custom_op("effiformer::tiled_sparse_forward", mutates_args=())
+def _forward_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    masks: list[Tensor | None],
+    empties: list[Tensor | None],
+    structure: str,
+) -> tuple[Tensor, Tensor]:
+    """(out (B, Tp, H, Dh), lse (B, Tp, H)) of the plan ``structure`` describes."""
+    out, lse = _run_forward(_plan(structure, masks, empties), q, k, v)
+    return out.contiguous(), lse.contiguous()
+
+
+@_forward_op.register_fake
+def _(q, k, v, masks, empties, structure):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3])
+
+
+@torch.library.custom_op("effiformer::tiled_sparse_backward", mutates_args=())
+def _backward_op(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    masks: list[Tensor | None],
+    empties: list[Tensor | None],
+    structure: str,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv (B, Tp, H, Dh)."""
+    plan = _plan(structure, masks, empties)
+    dq, dk, dv = _run_backward(plan, q, k, v, out, lse, dout)
+    return dq.contiguous(), dk.contiguous(), dv.contiguous()
+
+
+@_backward_op.register_fake
+def _(dout, q, k, v, out, lse, masks, empties, structure):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, masks, empties, structure = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.masks, ctx.empties, ctx.structure = masks, empties, structure
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = _backward_op(
+        dout.contiguous(), q, k, v, out, lse, ctx.masks, ctx.empties, ctx.structure
+    )
+    return dq, dk, dv, _no_grads(ctx.masks), _no_grads(ctx.empties), None
+
+
+def _no_grads(items: list) -> list | None:
+    """No gradient for a list input, shaped as torch.library flattened it: a list holding a
+    ``None`` is one leaf, a list of tensors one leaf per tensor."""
+    return None if any(t is None for t in items) else [None] * len(items)
+
+
+_forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def tiled_attention(q: Tensor, k: Tensor, v: Tensor, plan: SparsePlan) -> Tensor:
@@ -390,5 +488,7 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, plan: SparsePlan) -> Tensor
         q, k, v = (F.pad(x, (0, 0, 0, 0, 0, pad)) for x in (q, k, v))  # (B, Tp, H, Dh)
     else:
         q, k, v = (x.contiguous() for x in (q, k, v))
-    out = _TiledAttention.apply(q, k, v, plan)
+    masks = [pc.mask for pc in plan.calls]
+    empties = [pc.empty for pc in plan.calls]
+    out, _ = _forward_op(q, k, v, masks, empties, _structure(plan))
     return out[:, :t] if pad else out
