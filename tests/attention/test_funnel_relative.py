@@ -13,8 +13,7 @@ from effiformer.attention.funnel_relative import (
     relative_distances,
 )
 from effiformer.layers.pooling import pool_positions
-from effiformer.ops.funnel_core import funnel_attention_core
-from effiformer.ops.funnel_core import _Buffers, _keep_mask
+from effiformer.ops.funnel_core import _Buffers, _keep_mask, funnel_attention_core
 
 D, H, DH = 16, 2, 8
 F64 = torch.float64
