@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import AttentionConfig, ConfigError
+from ..ops.flex_patterns import flex_pattern_attention, flex_unavailable, pattern_block_mask
 from ..ops.strided_local import strided_local_attention, strided_unavailable
 from .base import (
     AttentionDims,
@@ -180,6 +181,25 @@ def _neighbours(t: Tensor, offsets: tuple[int, ...]) -> Tensor:
     return torch.cat(parts, dim=3)
 
 
+def local_mask_mod(plan: LocalPlan, key_padding: Tensor | None = None):
+    """The plan's pattern as a FlexAttention ``mask_mod``: query i sees key j when j's chunk is
+    within ``look_backward`` / ``look_forward`` chunks of i's (and j <= i when causal) and j is a
+    real token (``key_padding`` (B, T) bool, True = real)."""
+    w, back, fwd, causal = plan.window, -plan.offsets[0], plan.offsets[-1], plan.causal
+    kp = None if key_padding is None else key_padding.to(torch.bool)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        d = kv_idx // w - q_idx // w
+        keep = (d >= -back) & (d <= fwd)
+        if causal:
+            keep = keep & (kv_idx <= q_idx)
+        if kp is not None:
+            keep = keep & kp[b, kv_idx]
+        return keep
+
+    return mask_mod
+
+
 def local_attention(
     q: Tensor,
     k: Tensor,
@@ -191,6 +211,7 @@ def local_attention(
     scale: float | None = None,
     strided: bool | None = None,
     relative: RelativeTables | None = None,
+    flex: bool | None = None,
 ) -> Tensor:
     """Chunked attention over (B, T, H, Dh) queries, keys and values -> (B, T, H, Dh).
 
@@ -204,7 +225,27 @@ def local_attention(
     ``relative``: add relative-position key and value embeddings over the token distance
     (:mod:`effiformer.attention.relative`, the Routing Transformer's local heads): the gathered
     path with materialised logits.
+    ``flex``: through FlexAttention's block mask of the pattern (:func:`local_mask_mod`,
+    :mod:`effiformer.ops.flex_patterns`); ``None``: on CUDA when there are no relative positions
+    and no dropout (the device backend), never on the CPU (where FlexAttention has no backward;
+    ``True`` runs it there for inference and tests). A query that sees no key gets zeros there.
     """
+    if flex is None:  # the device backend: FlexAttention's block masks on CUDA
+        flex = (
+            q.device.type == "cuda" and relative is None and dropout_p == 0.0
+            and flex_unavailable(q, needs_grad=torch.is_grad_enabled()) is None
+        )  # fmt: skip
+    if flex:
+        if relative is not None or dropout_p > 0.0:
+            raise ValueError("FlexAttention local attention takes neither relative positions nor "
+                             "dropout")  # fmt: skip
+        b, t, h, _ = q.shape
+        bm = pattern_block_mask(
+            local_mask_mod(plan, key_padding), None if key_padding is None else b, None, t, t,
+            q.device,
+        )  # fmt: skip
+        qh, kh, vh = (z.transpose(1, 2) for z in (q, k, v))
+        return flex_pattern_attention(qh, kh, vh, bm, scale=scale).transpose(1, 2)
     if relative is not None:
         if strided:
             raise ValueError("strided local attention cannot take relative positions")

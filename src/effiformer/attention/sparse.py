@@ -94,6 +94,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..config import AttentionConfig, ConfigError
+from ..ops.flex_patterns import flex_pattern_attention, flex_unavailable, pattern_block_mask
 from ..ops.tiled_sparse import PreparedCall, SparsePlan, TileCall, summary_index, tiled_attention
 from ..ops.tracing import can_read_values, tracing
 from .base import (
@@ -123,7 +124,7 @@ logger = logging.getLogger(__name__)
 
 PATTERNS = ("strided", "fixed")
 COMBINES = ("merged", "interleaved", "split", "a1", "a2")
-IMPLS = ("tiled", "dense")
+IMPLS = ("tiled", "dense", "flex")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,7 +135,9 @@ class SparseConfig(AttentionConfig):
     summary: ``c``, the summary length of the fixed pattern; num_verts: how many distinct
     length-``c`` summary sub-blocks the heads cycle through (fixed; ``num_verts * c <= l``);
     combine: ``"merged"``, ``"interleaved"``, ``"split"``, ``"a1"`` or ``"a2"`` (see the module
-    docstring); impl: ``"tiled"`` (O(n sqrt n)) or ``"dense"`` (masked O(n^2) reference);
+    docstring); impl: ``"tiled"`` (O(n sqrt n); on CUDA it runs through FlexAttention's block
+    masks, :mod:`effiformer.ops.flex_patterns`), ``"dense"`` (masked O(n^2) reference) or
+    ``"flex"`` (FlexAttention on any device: on the CPU forward only, for inference and tests);
     bias: biases on the Q, K, V, O projections.
     """
 
@@ -223,6 +226,43 @@ def pattern_mask(config: SparseConfig, seq_len: int, n_heads: int, *, causal: bo
             keep |= a2
         out.append(keep & ok)
     return torch.stack(out)  # (H, T, T)
+
+
+def pattern_mask_mod(
+    config: SparseConfig,
+    n_heads: int,
+    *,
+    causal: bool,
+    key_padding: Tensor | None = None,
+    device: torch.device | str = "cpu",
+):
+    """The pattern as a FlexAttention ``mask_mod`` ``(b, h, q_idx, kv_idx) -> bool``: the same
+    elementwise definitions as :func:`pattern_mask`, per head role; ``key_padding`` (B, T) bool,
+    True = a real key."""
+    st, c = config.stride, config.summary
+    roles = head_roles(config, n_heads)
+    a1 = torch.tensor([r.a1 for r in roles], device=device)
+    a2 = torch.tensor([r.a2 for r in roles], device=device)
+    lo = torch.tensor([st - (r.sub_block + 1) * c for r in roles], device=device)
+    strided = config.pattern == "strided"
+    kp = None if key_padding is None else key_padding.to(device=device, dtype=torch.bool)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        if strided:
+            m1 = ((q_idx - kv_idx) < st) & ((kv_idx - q_idx) < st)
+            m2 = ((q_idx - kv_idx) % st) == 0
+        else:
+            m1 = (q_idx // st) == (kv_idx // st)
+            r = kv_idx % st
+            m2 = (r >= lo[h]) & (r < lo[h] + c)
+        keep = (a1[h] & m1) | (a2[h] & m2)
+        if causal:
+            keep = keep & (kv_idx <= q_idx)
+        if kp is not None:
+            keep = keep & kp[b, kv_idx]
+        return keep
+
+    return mask_mod
 
 
 def masked_attention(
@@ -436,6 +476,14 @@ def build_plan(
         raise ConfigError(f"attention.combine='split' needs n_heads >= 2, got {n_heads}")
     st, c = config.stride, config.summary
     tp = -(-seq_len // st) * st
+    if config.impl == "flex" or (config.impl == "tiled" and device.type == "cuda"):
+        if flex_unavailable(torch.empty(0, device=device), needs_grad=False) is None:
+            mask_mod = pattern_mask_mod(
+                config, n_heads, causal=causal, key_padding=key_padding, device=device
+            )
+            b = None if key_padding is None else key_padding.shape[0]
+            bm = pattern_block_mask(mask_mod, b, n_heads, seq_len, seq_len, device)
+            return SparsePlan(seq_len, seq_len, st, c, n_heads, causal, block_mask=bm)
     if config.impl == "dense":
         keep = pattern_mask(config, seq_len, n_heads, causal=causal).to(device)[None]
         if key_padding is not None:
@@ -487,9 +535,9 @@ class SparseAttention(DenseAttention):
 
     @classmethod
     def from_config(cls, config: SparseConfig, dims: AttentionDims) -> SparseAttention:
-        if config.impl == "tiled" and dims.dropout > 0:
+        if config.impl in ("tiled", "flex") and dims.dropout > 0:
             raise ConfigError(
-                "attention.impl='tiled' has no attention-weight dropout (the paper applies "
+                f"attention.impl={config.impl!r} has no attention-weight dropout (the paper applies "
                 f"dropout only at the residual additions); got attn_dropout={dims.dropout}: set "
                 "it to 0 or use attention.impl=dense"
             )
@@ -554,7 +602,10 @@ class SparseAttention(DenseAttention):
             )
         h, dh = self.n_heads, self.head_dim
         q, k, v = (p(x).view(b, t, h, dh) for p in (self.q_proj, self.k_proj, self.v_proj))
-        if plan.dense_keep is not None:
+        if plan.block_mask is not None:
+            qh, kh, vh = (z.transpose(1, 2) for z in (q, k, v))  # (B, H, T, Dh)
+            o = flex_pattern_attention(qh, kh, vh, plan.block_mask).transpose(1, 2)
+        elif plan.dense_keep is not None:
             p = self.dropout if self.training else 0.0
             keep = plan.dense_keep.to(x.device)
             o = masked_attention(*(z.transpose(1, 2) for z in (q, k, v)), keep, p)

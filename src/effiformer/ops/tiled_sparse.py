@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -119,7 +120,8 @@ class SparsePlan:
     seq_len: T; padded_len: T rounded up to a multiple of ``stride``; causal; calls: the tile
     calls; bases: (H,) first in-block offset of each head's summary sub-block (fixed pattern);
     key_padding: (B | 1, padded_len) bool or None; dense_keep: the (B | 1, H, T, T) keep-mask
-    (``impl="dense"`` only)."""
+    (``impl="dense"`` only); block_mask: the pattern as a FlexAttention block mask over the T
+    real positions (the flex backend: ``impl="flex"``, or ``"tiled"`` on CUDA)."""
 
     seq_len: int
     padded_len: int
@@ -131,6 +133,7 @@ class SparsePlan:
     bases: tuple[int, ...] = ()
     key_padding: Tensor | None = None
     dense_keep: Tensor | None = None
+    block_mask: Any = None  # a FlexAttention BlockMask of the pattern (the flex backend)
 
     @property
     def n_tiles(self) -> int:
