@@ -54,6 +54,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import AttentionConfig
+from ..ops.reference import reference_attention
 
 __all__ = [
     "AttentionConfig",
@@ -278,15 +279,6 @@ def keep_init(p: nn.Parameter) -> nn.Parameter:
 def keeps_init(p: Tensor) -> bool:
     """Whether a model's init loop must skip ``p`` (see :func:`keep_init`)."""
     return bool(getattr(p, "_effiformer_keep_init", False))
-
-
-def reference_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None = None) -> Tensor:
-    """Plain matmul-softmax attention: (B,H,Tq,Dh),(B,H,Tk,Dh) -> (B,H,Tq,Dh); ``keep`` a boolean
-    keep-mask broadcastable to (B, H, Tq, Tk)."""
-    scores = q @ k.transpose(-1, -2) / (q.shape[-1] ** 0.5)
-    if keep is not None:
-        scores = scores.masked_fill(~keep, float("-inf"))
-    return torch.softmax(scores, dim=-1) @ v
 
 
 class AttentionPart(nn.Module):

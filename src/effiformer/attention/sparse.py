@@ -90,11 +90,11 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ..config import AttentionConfig, ConfigError
 from ..ops.flex_patterns import flex_pattern_attention, flex_unavailable, pattern_block_mask
+from ..ops.reference import masked_attention
 from ..ops.tiled_sparse import PreparedCall, SparsePlan, TileCall, summary_index, tiled_attention
 from ..ops.tracing import can_read_values, tracing
 from .base import (
@@ -263,17 +263,6 @@ def pattern_mask_mod(
         return keep
 
     return mask_mod
-
-
-def masked_attention(
-    q: Tensor, k: Tensor, v: Tensor, keep: Tensor, dropout_p: float = 0.0
-) -> Tensor:
-    """Dense attention with a boolean keep-mask broadcastable to (B, H, Tq, Tk); q, k, v are
-    (B, H, T, Dh). Rows without any key give 0 (see the module docstring)."""
-    has = keep.any(-1, keepdim=True)  # (.., Tq, 1)
-    safe = keep | ~has  # an empty row attends everything, then is zeroed
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=safe, dropout_p=dropout_p)
-    return o.masked_fill(~has, 0.0)
 
 
 def _head_ranges(roles: tuple[HeadRole, ...], step: str) -> list[tuple[int, int]]:

@@ -11,6 +11,12 @@ configs, modules and the papers' mathematics and call the ops here.
 - :mod:`.routed`: attention inside clusters of sorted token indices (the routed heads).
 - :mod:`.funnel_core`: Funnel-Transformer's fused relative-attention core (content, position and
   token-type terms by chunks of query rows, probabilities recomputed in the backward).
+- :mod:`.flex_patterns`: FlexAttention over a mechanism's ``mask_mod`` (the device backend of
+  the local and sparse patterns).
+- :mod:`.reference`: the O(T^2) references the kernels are checked against.
+
+The kernels with a hand-written backward are registered operators (``torch.library.custom_op``,
+namespace ``effiformer``): ``torch.compile`` and ``torch.export`` see one opaque op each.
 """
 
 from .flash_cpu import (
