@@ -806,3 +806,25 @@ def test_workload_mult_adds():
     assert workload_mult_adds(get_config("vanilla-small"), "model", 30, None) is None
     with pytest.raises(ValueError, match="part must be"):
         workload_mult_adds(c, "layers", 30, None)
+
+
+def test_compiled_cells_record_their_backend_and_compile_time(tmp_path, capsys):
+    """``effiformer bench --compile``: the training cells run under ``torch.compile`` (here the
+    ``aot_eager`` backend: tracing without code generation), the first call, which compiles, is
+    recorded apart (``compile_s``), the FLOPs are the eager workload's, and decoding refuses."""
+    result = run_bench(
+        ["vanilla-tiny"], lengths=[64], parts=["attention"], repeats=2, warmup=0,
+        out=tmp_path / "c", progress=False, plot=False, measure_peak=False, compile="aot_eager",
+        refs=["none"],
+    )  # fmt: skip
+    (rec,) = result.records
+    assert rec["status"] == "ok", rec.get("reason")
+    assert rec["compile"] == "aot_eager" and rec["compile_s"] > 0 and rec["fwd_bwd_ms"] > 0
+    eager = run_bench(
+        ["vanilla-tiny"], lengths=[64], parts=["attention"], repeats=2, warmup=0,
+        out=tmp_path / "e", progress=False, plot=False, measure_peak=False, refs=["none"],
+    ).records[0]  # fmt: skip
+    assert eager["compile"] is None and eager["compile_s"] is None
+    assert (rec["flops_fwd"], rec["flops_fwd_bwd"]) == (eager["flops_fwd"], eager["flops_fwd_bwd"])
+    assert main(["bench", "transformer-multi30k", "--part", "decoding", "--compile"]) == 2
+    assert "--compile times training cells" in capsys.readouterr().err

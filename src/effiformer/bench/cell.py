@@ -380,10 +380,18 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
     if method == "maxrss":  # first step, before warm-up raises the unresettable mark
         peak = measure_peak_mib(step, wl.zero_grad, method, device)
     try:
-        flops_fwd, flops_fwd_bwd = count_flops(wl)
+        flops_fwd, flops_fwd_bwd = count_flops(wl)  # of the eager workload, compiled or not
     except Exception as e:  # FLOPs are a column of the table, not a reason to lose the cell
         flops_fwd = flops_fwd_bwd = None
         logger.warning("FLOPs not counted (%s: %s); timing the cell anyway", type(e).__name__, e)
+    backend, compile_s = cell.get("compile"), None
+    if backend is not None:  # the first call compiles (forward and backward): timed apart
+        wl.forward = torch.compile(wl.forward, backend=backend)
+        wl.zero_grad()
+        t0 = time.perf_counter()
+        step()
+        sync()
+        compile_s = time.perf_counter() - t0
     for _ in range(int(cell["warmup"])):
         _fwd(wl)
         wl.zero_grad()
@@ -404,6 +412,8 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
         "flops_fwd": flops_fwd,
         "flops_fwd_bwd": flops_fwd_bwd,
         "params": params,
+        "compile": backend,
+        "compile_s": compile_s,
     }
 
 

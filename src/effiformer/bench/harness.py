@@ -160,7 +160,7 @@ CUDA_RESERVE_MIB = 512
 MEASURED = (
     "fwd_ms", "fwd_ms_samples", "fwd_bwd_ms", "fwd_bwd_ms_samples", "fwd_spread",
     "fwd_bwd_spread", "noisy", "peak_mib", "memory_method", "flops_fwd", "flops_fwd_bwd",
-    "tflops_fwd", "tflops_fwd_bwd", "mfu_fwd", "mfu", "cell_s",
+    "tflops_fwd", "tflops_fwd_bwd", "mfu_fwd", "mfu", "cell_s", "compile", "compile_s",
 )  # fmt: skip
 DECODING_MEASURED = (
     "beam", "steps", "encoder_ms", "decoder_ms", "total_ms", "total_ms_samples", "total_spread",
@@ -597,6 +597,7 @@ def run_bench(
     src_lens: Sequence[int] = DEFAULT_SRC_LENS,
     beam: int = DEFAULT_BEAM,
     steps: int | None = None,
+    compile: str | None = None,
 ) -> BenchResult:
     """Benchmark ``names`` (registered names or globs) at ``lengths`` and write ``out``.
 
@@ -705,7 +706,7 @@ def run_bench(
     env = environment(dev, dtype, threads, peak=measure_peak)
     common = dict(
         batch=batch, device=str(dev), dtype=dtype, threads=threads, memory_method=memory_method,
-        plugins=list(plugins), beam=beam,
+        plugins=list(plugins), beam=beam, compile=compile,
     )  # fmt: skip
     runs = {
         "training": (

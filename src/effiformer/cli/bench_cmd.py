@@ -134,6 +134,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "--part quality: optimizer steps per cell (default: the budget's)",
     )  # fmt: skip
     p.add_argument(
+        "--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
+        help="time the training cells (--part model / attention) under torch.compile (default "
+        "backend inductor; aot_eager traces without generating code); the first call, which "
+        "compiles, is recorded as compile_s and is not among the timed steps",
+    )  # fmt: skip
+    p.add_argument(
         "--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
         help="config overrides for every name, e.g. --set n_layers=2 dim=128",
     )  # fmt: skip
@@ -206,6 +212,8 @@ def _check_part_flags(args: argparse.Namespace) -> str | None:
             return f"--part quality trains its own models; drop {', '.join(others)}"
         return None
     decoding = args.part == "decoding"
+    if args.compile is not None and args.part not in (None, "model", "attention", "both"):
+        return "--compile times training cells: use it with --part model, attention or both"
     if decoding and args.lengths is not None:
         return "--lengths does not apply to --part decoding; give the source lengths with --src-len"
     if decoding and args.batch != 1:
@@ -346,6 +354,7 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             plot=not args.no_plot,
             steps=args.steps,
+            compile=args.compile,
             **kwargs,
         )
     except BenchInterrupted as e:
