@@ -22,13 +22,10 @@ mkdir -p "$RUNS/hat-lat"
 cp -n benchmarks/results/hat_latency_multi30k_quiet/multi30k_cpu.csv* "$RUNS/hat-lat/"
 python benchmarks/hat_latency_multi30k.py --n 300 --runs 10 --warmup 3 --out "$RUNS/hat-lat"
 
-# 3. Inherited against from-scratch (the paper's check that the supernet is trained enough): the
-#    largest and smallest SubTransformers trained alone for the supernet's quiet time, their test
-#    BLEU beside the inherited weights' (hat_search_multi30k.py --inherited-bleu reports the
-#    inherited side for each searched model).
-# 4. Search under two latency limits inside the measured range (37-133 ms a sentence, batch 1,
+# 3. Inherited against from-scratch (the paper's check that the supernet is trained enough:
+#    --anchors, the largest and smallest SubTransformers), then the search under two latency limits inside the measured range (37-133 ms a sentence, batch 1,
 #    beam 5), the winners and the dense baselines trained from scratch for the same budget on a
 #    quiet machine, every model's latency measured as the dataset was:
 python benchmarks/hat_search_multi30k.py --super "$RUNS/hat-super" \
-    --predictor "$RUNS/hat-lat/predictor.pt" --limits 60 90 --inherited-bleu \
-    --train-budget 1200 --data "$DATA" --out "$RUNS/hat-search"
+    --predictor "$RUNS/hat-lat/predictor.pt" --limits 60 90 --inherited-bleu --anchors \
+    --dense auto --train-budget 1200 --data "$DATA" --out "$RUNS/hat-search"

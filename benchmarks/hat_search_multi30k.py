@@ -17,8 +17,15 @@ trained on this machine (``benchmarks/hat_latency_multi30k.py``). For each ``--l
    label smoothing 0.1, 4096-token batches);
 4. measure its latency as the dataset was measured (batch 1, 30 tokens, beam 5, 20 runs).
 
-The dense baselines (``--dense``: override sets of ``transformer-multi30k``) are measured and
-trained the same way. Test BLEU: sacreBLEU on ``test_2016_flickr``, beam 5, lenpen 1.
+The dense baselines (``--dense``: override sets of ``transformer-multi30k``, or ``auto``: for each
+limit the width/depth scaling of ``DENSE_GRID`` whose measured latency is the largest under it)
+are measured and trained the same way. ``--anchors``: HAT's inherited-vs-from-scratch check, the
+largest and smallest SubTransformers scored with inherited weights and trained from scratch for
+the same budget. Test BLEU: sacreBLEU on ``test_2016_flickr``, beam 5, lenpen 1.
+
+Resumable: rerun the same command with the same ``--out`` and every search, model and anchor
+already recorded in ``results.jsonl`` is skipped (a search reloads ``search_<limit>.json``; a
+model interrupted mid-training resumes from its folder's checkpoint, written every 250 steps).
 
     python benchmarks/hat_search_multi30k.py --super runs/hat-super \\
         --predictor runs/hat-lat/predictor.pt --limits 150 220 --train-budget 1800 \\
@@ -52,9 +59,11 @@ import torch
 from effiformer import create_model
 from effiformer.bench.decoding import decoding_latency
 from effiformer.bench.harness import environment
+from effiformer.checkpoint import LATEST
 from effiformer.config import parse_overrides
 from effiformer.data import ParallelData
 from effiformer.models.hat import SuperTransformer
+from effiformer.models.hat_space import SubTransformer
 from effiformer.search.hat import (
     load_supernet_run,
     result_record,
@@ -64,6 +73,7 @@ from effiformer.search.hat import (
 from effiformer.search.latency import LatencySettings, measure_subtransformer
 from effiformer.search.plots import plot_frontier
 from effiformer.search.predictor import load_predictor
+from effiformer.tasks.supernet import representative_subtransformers
 from effiformer.tasks.translation import TranslationTask
 from effiformer.train import TrainConfig, train
 
@@ -82,17 +92,58 @@ def _write(f, rec: dict) -> None:
 
 
 def _train(model, task: TranslationTask, args, out_dir: Path) -> dict:
+    """Train from scratch (resuming the folder's checkpoint after an interruption: the step
+    budget ``--train-steps`` then continues; a time budget restarts its clock)."""
+    resume = (out_dir / LATEST).is_file()
     cfg = TrainConfig(
         steps=args.train_steps, optimizer="adam", lr=1e-3, betas=(0.9, 0.98), eps=1e-8,
         weight_decay=0.0, warmup=min(1000, max(1, args.train_steps // 10)),
         schedule="inverse_sqrt", clip=None, seed=args.seed, device="cpu",
         time_budget=args.train_budget, eval_every=None, out_dir=str(out_dir), log_every=25,
-        progress=not args.quiet,
+        progress=not args.quiet, checkpoint_every=250, resume=str(out_dir) if resume else None,
     )  # fmt: skip
     t0 = time.monotonic()
     history = train(model, task, cfg)
     return {"steps": history.step, "train_s": time.monotonic() - t0,
             "last_loss": history.losses[-1] if history.losses else None}  # fmt: skip
+
+
+def _key(r: dict) -> tuple:
+    """What a record marks as done (see the resumable loop in :func:`main`)."""
+    kind = r.get("kind")
+    if kind == "search":
+        return ("search", r["limit_ms"])
+    if kind == "trained":
+        return ("trained", r["model"], r["limit_ms"] if r["model"] == "hat" else r["overrides"])
+    if kind == "anchor":
+        return ("anchor", r["name"])
+    return (kind,)
+
+
+#: Width and depth scalings of transformer-multi30k that ``--dense auto`` measures.
+DENSE_GRID = [
+    f"n_layers={n} decoder_layers={m} dim={d} n_heads={d // 64} ffn_dim={4 * d}"
+    for d in (128, 192, 256) for n in (1, 2, 3) for m in (1, 2, 3)
+]  # fmt: skip
+
+
+def _dense_for_limits(limits, vocab: int, args, results) -> list[str]:
+    """For each latency limit, the DENSE_GRID scaling whose measured latency (batch 1, beam 5,
+    the dataset's setting) is the largest under it: the dense model of that latency."""
+    measured = []
+    for spec in DENSE_GRID:
+        over = parse_overrides(create_model("transformer-multi30k").config, spec.split())
+        model = create_model("transformer-multi30k", vocab_size=vocab, **over).eval()
+        lat = decoding_latency(model, src_len=30, beam=5, runs=args.runs, warmup=args.warmup,
+                               threads=args.threads)  # fmt: skip
+        measured.append((lat.total_s * 1e3, spec))
+    _write(results, {"kind": "dense_grid", "measured": [[ms, spec] for ms, spec in measured]})
+    picked = []
+    for limit in limits:
+        under = [(ms, spec) for ms, spec in measured if ms <= limit]
+        if under:
+            picked.append(max(under)[1])
+    return list(dict.fromkeys(picked))
 
 
 def _test(model, task: TranslationTask, args) -> dict:
@@ -118,9 +169,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iterations", type=int, default=30)
     p.add_argument("--fitness-sentences", type=int, default=500)
     p.add_argument("--inherited-bleu", action="store_true")
+    p.add_argument(
+        "--anchors", action="store_true",
+        help="also the inherited-vs-from-scratch check: the largest and smallest SubTransformers "
+        "(HAT's validation pair) scored with inherited weights and trained from scratch",
+    )  # fmt: skip
     p.add_argument("--dense", nargs="*", default=DENSE,
                    help="override sets of transformer-multi30k (space-separated KEY=VALUE in one "
-                   "argument each); none: no dense baselines")  # fmt: skip
+                   "argument each); 'auto': for each limit, the scaled transformer-multi30k "
+                   "(width and depth, DENSE_GRID) whose measured latency is the largest under "
+                   "it; none: no dense baselines")  # fmt: skip
     p.add_argument("--train-budget", type=float, default=1800.0, help="seconds per model")
     p.add_argument("--train-steps", type=int, default=100_000, help="cap (and schedule length)")
     p.add_argument("--eval-sentences", type=int, default=200)
@@ -157,40 +215,76 @@ def main(argv: list[str] | None = None) -> int:
                                warmup=args.warmup, threads=args.threads)  # fmt: skip
     batches = validation_batches(task, "valid", sentences=args.fitness_sentences)
     space = supernet.config.space
-    results = open(out / "results.jsonl", "w")
+    # Resumable: the records written before are read back, and every search, model and
+    # measurement already recorded is skipped (a model interrupted mid-training resumes from its
+    # folder's checkpoint).
+    path = out / "results.jsonl"
+    before = [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
+    done = {_key(r) for r in before}
+    results = open(path, "a")
     env = environment(torch.device("cpu"), "float32", args.threads, peak=False)
     _write(results, {"kind": "environment", **env, "loadavg": os.getloadavg(),
-                     "argv": sys.argv[1:] if argv is None else argv})  # fmt: skip
-    trained = {"hat": [], "dense": []}
+                     "argv": sys.argv[1:] if argv is None else argv,
+                     "resumed": bool(before)})  # fmt: skip
+    trained = {"hat": [r for r in before if r.get("kind") == "trained" and r["model"] == "hat"],
+               "dense": [r for r in before if r.get("kind") == "trained" and r["model"] == "dense"]}  # fmt: skip
     searches = []
+    if args.anchors:
+        for name, sub in representative_subtransformers(space).items():
+            if ("anchor", name) in done:
+                continue
+            inherited = _test(supernet.bind(sub), task, args)
+            torch.manual_seed(args.seed)
+            model = SuperTransformer(dataclasses.replace(supernet.config, sub=sub.trimmed()))
+            fit = _train(model, task, args, out / f"anchor_{name}")
+            rec = {"kind": "anchor", "name": name, "sub": sub.to_dict(),
+                   "description": sub.describe(), "params": model.num_params(),
+                   "inherited": inherited, **fit, **_test(model, task, args)}  # fmt: skip
+            _write(results, rec)
+            print(f"{name}: inherited BLEU {inherited['bleu']:.2f}, from scratch "
+                  f"{rec['bleu']:.2f} ({fit['steps']} steps)", flush=True)  # fmt: skip
     for limit in args.limits:
-        t0 = time.monotonic()
-        r = search_subtransformer(
-            supernet, predictor, limit, batches, population=args.population,
-            parents=args.parents, mutations=args.mutations, crossovers=args.crossovers,
-            iterations=args.iterations, seed=args.seed, progress=not args.quiet,
-        )  # fmt: skip
-        rec = result_record(r, space.qkv_dim)
-        rec["search_s"] = time.monotonic() - t0
-        (out / f"search_{limit:g}.json").write_text(json.dumps(rec, indent=2) + "\n")
-        searches.append(r)
-        row = {"kind": "search", **{k: v for k, v in rec.items() if k != "evaluated"}}
-        if args.inherited_bleu:
-            row["inherited"] = _test(supernet.bind(r.best), task, args)
-        _write(results, row)
+        saved = out / f"search_{limit:g}.json"
+        if saved.is_file():  # searched before: its best SubTransformer
+            rec = json.loads(saved.read_text())
+            best = SubTransformer.from_dict(rec["best"])
+            predicted = rec["best_predicted_ms"]
+        else:
+            t0 = time.monotonic()
+            r = search_subtransformer(
+                supernet, predictor, limit, batches, population=args.population,
+                parents=args.parents, mutations=args.mutations, crossovers=args.crossovers,
+                iterations=args.iterations, seed=args.seed, progress=not args.quiet,
+            )  # fmt: skip
+            rec = result_record(r, space.qkv_dim)
+            rec["search_s"] = time.monotonic() - t0
+            saved.write_text(json.dumps(rec, indent=2) + "\n")
+            searches.append(r)
+            best, predicted = r.best, r.best_latency
+        if ("search", limit) not in done:
+            row = {"kind": "search", **{k: v for k, v in rec.items() if k != "evaluated"}}
+            if args.inherited_bleu:
+                row["inherited"] = _test(supernet.bind(best), task, args)
+            _write(results, row)
+        if ("trained", "hat", limit) in done:
+            continue
         torch.manual_seed(args.seed)
-        model = SuperTransformer(dataclasses.replace(supernet.config, sub=r.best.trimmed()))
+        model = SuperTransformer(dataclasses.replace(supernet.config, sub=best.trimmed()))
         fit = _train(model, task, args, out / f"hat_{limit:g}")
-        lat = measure_subtransformer(r.best, space, settings)
-        rec = {"kind": "trained", "model": "hat", "limit_ms": limit, "sub": r.best.to_dict(),
-               "description": r.best.describe(), "params": model.num_params(), **fit,
-               "measured_ms": lat.total_s * 1e3, "predicted_ms": r.best_latency,
+        lat = measure_subtransformer(best, space, settings)
+        rec = {"kind": "trained", "model": "hat", "limit_ms": limit, "sub": best.to_dict(),
+               "description": best.describe(), "params": model.num_params(), **fit,
+               "measured_ms": lat.total_s * 1e3, "predicted_ms": predicted,
                **_test(model, task, args)}  # fmt: skip
         _write(results, rec)
         trained["hat"].append(rec)
-        print(f"HAT @{limit:g} ms: {r.best.describe()}: measured {rec['measured_ms']:.1f} ms, "
+        print(f"HAT @{limit:g} ms: {best.describe()}: measured {rec['measured_ms']:.1f} ms, "
               f"BLEU {rec['bleu']:.2f}", flush=True)  # fmt: skip
+    if args.dense == ["auto"]:
+        args.dense = _dense_for_limits(args.limits, tokenizer.vocab_size, args, results)
     for spec in args.dense:
+        if ("trained", "dense", spec) in done:
+            continue
         over = parse_overrides(create_model("transformer-multi30k").config, spec.split())
         torch.manual_seed(args.seed)
         model = create_model("transformer-multi30k", vocab_size=tokenizer.vocab_size, **over)

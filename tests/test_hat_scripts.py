@@ -1,5 +1,5 @@
-"""The HAT benchmark scripts run end to end at tiny sizes (slow: a few minutes together; nothing
-here is timed or compared)."""
+"""The HAT benchmark scripts run end to end at tiny sizes (nothing here is timed or compared; the
+supernet / latency / search chain takes seconds, the others are marked slow)."""
 
 import json
 from pathlib import Path
@@ -33,7 +33,6 @@ def _folder(d):
     return d
 
 
-@pytest.mark.slow
 def test_supernet_latency_and_search_scripts(tmp_path, bench_script):
     data = _folder(tmp_path)
     sup = tmp_path / "super"
@@ -66,6 +65,37 @@ def test_supernet_latency_and_search_scripts(tmp_path, bench_script):
     assert {r["model"] for r in rows[2:]} == {"hat", "dense"}
     assert all(r["measured_ms"] > 0 and "bleu" in r for r in rows[2:])
     assert (out / "bleu_vs_latency.png").is_file()
+    # Rerun of the same folder with the inherited-vs-scratch anchors: what was recorded is not
+    # searched, trained or measured again; only the anchors are added.
+    script = bench_script("hat_search_multi30k")
+    assert script.main([
+        "--super", str(sup), "--predictor", str(lat / "predictor.pt"), "--limits", "1e6",
+        "--data", str(data), "--iterations", "1", "--population", "6", "--parents", "2",
+        "--mutations", "2", "--crossovers", "2", "--fitness-sentences", "4", "--train-steps",
+        "2", "--test-sentences", "3", "--runs", "1", "--warmup", "0", "--eval-sentences", "2",
+        "--dense", "n_layers=1 decoder_layers=1 dim=32 n_heads=2 ffn_dim=64", "--quiet",
+        "--inherited-bleu", "--anchors", "--out", str(out),
+    ]) == 0  # fmt: skip
+    again = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert again[:4] == rows and [r["kind"] for r in again[4:]] == [
+        "environment",
+        "anchor",
+        "anchor",
+    ]
+    assert again[4]["resumed"] and {r["name"] for r in again[5:]} == {"largest", "smallest"}
+    assert all("bleu" in r["inherited"] and r["steps"] == 2 for r in again[5:])
+    # --dense auto: for each limit, the measured scaling with the largest latency under it
+    script.DENSE_GRID = ["n_layers=1 decoder_layers=1 dim=32 n_heads=2 ffn_dim=64",
+                         "n_layers=2 decoder_layers=2 dim=64 n_heads=2 ffn_dim=128"]  # fmt: skip
+
+    class Args:
+        runs, warmup, threads = 1, 0, 1
+
+    with (tmp_path / "grid.jsonl").open("w") as log:
+        picked = script._dense_for_limits([1e6, 1e-9], 80, Args, log)
+    grid = json.loads((tmp_path / "grid.jsonl").read_text())
+    assert grid["kind"] == "dense_grid" and len(grid["measured"]) == 2
+    assert picked == [max(grid["measured"])[1]]  # under 1e6 ms: the slowest; under 1e-9: none
 
 
 @pytest.mark.slow
