@@ -30,4 +30,4 @@ for round in $(seq 1 "$ROUNDS"); do
         --out "$(pwd)/$OUT/reformer_bench_${side}_r${round}"
   done
 done
-echo "records in $OUT (compare each benchmark's after rows with its before rows of the same round)"
+python benchmarks/ops_before_after_report.py --out "$OUT"

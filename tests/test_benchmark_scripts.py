@@ -266,3 +266,35 @@ def test_compile_time_script_reports_first_call_and_steps(bench_script, capsys, 
     rec = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rec["model"] == "vanilla-tiny" and rec["backend"] == "aot_eager"
     assert rec["first_call_s"] > 0 and rec["compiled_step_s"] > 0 and rec["eager_step_s"] > 0
+
+
+def test_ops_before_after_report_reads_all_three_benchmarks(tmp_path, bench_script, capsys):
+    """The report of ``ops_before_after.sh``: each benchmark's records (the formats of the
+    committed quiet runs) on both sides give one row per (workload, T) with after / before."""
+    import shutil
+
+    res = ROOT / "benchmarks" / "results"
+    for side, scale in (("before", 1.0), ("after", 2.0)):
+        rows = [
+            json.loads(x)
+            for x in (res / "sparse_speed_2threads_quiet.jsonl").read_text().splitlines()
+        ]
+        for r in rows:
+            r["wall_ms_median"] *= scale
+        (tmp_path / f"sparse_speed_{side}_r1.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in rows)
+        )
+        shutil.copy(res / "routing_bench_quiet.jsonl", tmp_path / f"routing_bench_{side}_r1.jsonl")
+        (tmp_path / f"reformer_bench_{side}_r1").mkdir()
+        shutil.copy(res / "reformer_bench_quiet" / "summary.jsonl",
+                    tmp_path / f"reformer_bench_{side}_r1" / "summary.jsonl")  # fmt: skip
+    assert bench_script("ops_before_after_report").main(["--out", str(tmp_path)]) == 0
+    table = (tmp_path / "table.md").read_text()
+    assert "| sparse_speed sparse-bench-strided-128 | 16,384 |" in table
+    assert (
+        "| routing_bench effiformer | 16,384 |" in table
+        and "| reformer_bench lsh | 16,384 |" in table
+    )
+    strided = next(x for x in table.splitlines() if "strided-128 | 16,384" in x)
+    assert strided.endswith("| 2.000 |")  # the after side was doubled
+    assert "| routing_bench sdpa | 16,384 | 2573.0 | 2573.0 | 1.000 |" in table
