@@ -11,7 +11,8 @@ RUNS=${RUNS:-runs}
 #    update; Adam (0.9, 0.98), lr 1e-3 after 1,000 warmup steps, inverse sqrt, label smoothing
 #    0.1, 4,096-token batches), one thread, checkpoints every 250 steps, inherited greedy BLEU of
 #    the largest and smallest SubTransformers every 500. Started 2026-12-03 beside the Multi30k
-#    run of issue 23 (2.2 s a step on the shared core); continue it with the same command.
+#    run of issue 23 (2.2 s a step on the shared core), stopped at its step-1,500 checkpoint
+#    (benchmarks/results/hat_supernet_multi30k_cpu/); continue it with the same command.
 python benchmarks/hat_supernet_multi30k.py --threads 1 --eval-every 500 --eval-sentences 200 \
     --checkpoint-every 250 --out "$RUNS/hat-super" --data "$DATA"
 
