@@ -76,21 +76,25 @@ def test_translation_multi30k_script_runs(tmp_path, data_env, bench_script):
     ).is_file()
 
 
-def test_translation_multi30k_script_on_a_tiny_folder(tmp_path, bench_script):
-    """The script's pipeline (TranslationTask, effiformer.train.train with the seq2seq recipe,
-    evaluate_run) on a synthetic folder: no data set needed."""
+def _tiny_parallel_folder(root):
     import random
 
     words = {"man": "Mann", "dog": "Hund", "red": "rot", "big": "groß", "a": "ein"}
     rng = random.Random(0)
-    data = tmp_path / "data"
-    data.mkdir()
+    root.mkdir()
     for split, n in (("train", 120), ("val", 6), ("test_2016_flickr", 5)):
         pairs = [[rng.choice(list(words)) for _ in range(rng.randint(1, 6))] for _ in range(n)]
-        (data / f"{split}.en").write_text("".join(" ".join(p) + ".\n" for p in pairs))
-        (data / f"{split}.de").write_text(
+        (root / f"{split}.en").write_text("".join(" ".join(p) + ".\n" for p in pairs))
+        (root / f"{split}.de").write_text(
             "".join(" ".join(words[w] for w in p) + ".\n" for p in pairs)
         )
+    return root
+
+
+def test_translation_multi30k_script_on_a_tiny_folder(tmp_path, bench_script):
+    """The script's pipeline (TranslationTask, effiformer.train.train with the seq2seq recipe,
+    evaluate_run) on a synthetic folder: no data set needed."""
+    data = _tiny_parallel_folder(tmp_path / "data")
     script = bench_script("translation_multi30k")
     out = tmp_path / "out"
     assert script.main([
@@ -118,21 +122,6 @@ def test_translation_multi30k_script_on_a_tiny_folder(tmp_path, bench_script):
     assert len((out / "test_2016_flickr.hyp.de").read_text().splitlines()) == 5
     assert (out / "bleu_curve.png").is_file() and (out / "model" / "tokenizer.json").is_file()
     assert (out / "run" / "latest").is_file()
-
-
-def _tiny_parallel_folder(root):
-    import random
-
-    words = {"man": "Mann", "dog": "Hund", "red": "rot", "big": "groß", "a": "ein"}
-    rng = random.Random(0)
-    root.mkdir()
-    for split, n in (("train", 120), ("val", 6), ("test_2016_flickr", 5)):
-        pairs = [[rng.choice(list(words)) for _ in range(rng.randint(1, 6))] for _ in range(n)]
-        (root / f"{split}.en").write_text("".join(" ".join(p) + ".\n" for p in pairs))
-        (root / f"{split}.de").write_text(
-            "".join(" ".join(words[w] for w in p) + ".\n" for p in pairs)
-        )
-    return root
 
 
 def test_translation_run_keeps_checkpoints_resumes_and_scores_every_convention(

@@ -41,7 +41,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import AttentionConfig, ConfigError
-from ..ops.flex_patterns import flex_pattern_attention, flex_unavailable, pattern_block_mask
+from ..ops.flex_patterns import (
+    flex_pattern_attention,
+    flex_unavailable,
+    masked_mod,
+    pattern_block_mask,
+)
 from ..ops.strided_local import strided_local_attention, strided_unavailable
 from .base import (
     AttentionDims,
@@ -185,19 +190,13 @@ def local_mask_mod(plan: LocalPlan, key_padding: Tensor | None = None):
     """The plan's pattern as a FlexAttention ``mask_mod``: query i sees key j when j's chunk is
     within ``look_backward`` / ``look_forward`` chunks of i's (and j <= i when causal) and j is a
     real token (``key_padding`` (B, T) bool, True = real)."""
-    w, back, fwd, causal = plan.window, -plan.offsets[0], plan.offsets[-1], plan.causal
-    kp = None if key_padding is None else key_padding.to(torch.bool)
+    w, back, fwd = plan.window, -plan.offsets[0], plan.offsets[-1]
 
-    def mask_mod(b, h, q_idx, kv_idx):
+    def chunks(b, h, q_idx, kv_idx):
         d = kv_idx // w - q_idx // w
-        keep = (d >= -back) & (d <= fwd)
-        if causal:
-            keep = keep & (kv_idx <= q_idx)
-        if kp is not None:
-            keep = keep & kp[b, kv_idx]
-        return keep
+        return (d >= -back) & (d <= fwd)
 
-    return mask_mod
+    return masked_mod(chunks, causal=plan.causal, key_padding=key_padding)
 
 
 def local_attention(

@@ -93,7 +93,12 @@ import torch
 from torch import Tensor
 
 from ..config import AttentionConfig, ConfigError
-from ..ops.flex_patterns import flex_pattern_attention, flex_unavailable, pattern_block_mask
+from ..ops.flex_patterns import (
+    flex_pattern_attention,
+    flex_unavailable,
+    masked_mod,
+    pattern_block_mask,
+)
 from ..ops.reference import masked_attention
 from ..ops.tiled_sparse import PreparedCall, SparsePlan, TileCall, summary_index, tiled_attention
 from ..ops.tracing import can_read_values, tracing
@@ -245,9 +250,8 @@ def pattern_mask_mod(
     a2 = torch.tensor([r.a2 for r in roles], device=device)
     lo = torch.tensor([st - (r.sub_block + 1) * c for r in roles], device=device)
     strided = config.pattern == "strided"
-    kp = None if key_padding is None else key_padding.to(device=device, dtype=torch.bool)
 
-    def mask_mod(b, h, q_idx, kv_idx):
+    def pattern(b, h, q_idx, kv_idx):
         if strided:
             m1 = ((q_idx - kv_idx) < st) & ((kv_idx - q_idx) < st)
             m2 = ((q_idx - kv_idx) % st) == 0
@@ -255,14 +259,10 @@ def pattern_mask_mod(
             m1 = (q_idx // st) == (kv_idx // st)
             r = kv_idx % st
             m2 = (r >= lo[h]) & (r < lo[h] + c)
-        keep = (a1[h] & m1) | (a2[h] & m2)
-        if causal:
-            keep = keep & (kv_idx <= q_idx)
-        if kp is not None:
-            keep = keep & kp[b, kv_idx]
-        return keep
+        return (a1[h] & m1) | (a2[h] & m2)
 
-    return mask_mod
+    kp = None if key_padding is None else key_padding.to(device)
+    return masked_mod(pattern, causal=causal, key_padding=kp)
 
 
 def _head_ranges(roles: tuple[HeadRole, ...], step: str) -> list[tuple[int, int]]:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["flex_pattern_attention", "flex_unavailable", "pattern_block_mask"]
+__all__ = ["flex_pattern_attention", "flex_unavailable", "masked_mod", "pattern_block_mask"]
 
 _compiled: Any = None
 
@@ -48,6 +48,24 @@ def flex_unavailable(q: Tensor, *, needs_grad: bool) -> str | None:
     if q.device.type == "cpu" and needs_grad and q.requires_grad:
         return "FlexAttention has no backward on the CPU (torch 2.13): train with the CPU kernels"
     return None
+
+
+def masked_mod(
+    pattern: Callable[..., Tensor], *, causal: bool, key_padding: Tensor | None = None
+) -> Callable[..., Tensor]:
+    """A pattern's ``mask_mod`` with what every pattern shares added: the causal mask (a key
+    after its query is never seen) and key padding (``key_padding`` (B, Tk) bool, True = real)."""
+    kp = None if key_padding is None else key_padding.to(torch.bool)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        keep = pattern(b, h, q_idx, kv_idx)
+        if causal:
+            keep = keep & (kv_idx <= q_idx)
+        if kp is not None:
+            keep = keep & kp[b, kv_idx]
+        return keep
+
+    return mask_mod
 
 
 def pattern_block_mask(
