@@ -1,42 +1,62 @@
 """HAT on Multi30k, end to end on this CPU: evolutionary search in a trained SuperTransformer under
-two latency limits, the chosen SubTransformers trained from scratch, compared with dense
-Transformers of similar measured latency: test BLEU against measured latency (HAT fig. 5 / 6 on
-this data).
+latency limits, the chosen SubTransformers trained from scratch, compared with dense Transformers
+of the same measured latency: test BLEU against measured latency (HAT fig. 5 / 6 on this data),
+and the inherited-vs-from-scratch check.
 
 Inputs: a SuperTransformer run (``benchmarks/hat_supernet_multi30k.py``) and a latency predictor
-trained on this machine (``benchmarks/hat_latency_multi30k.py``). For each ``--limits`` value:
+trained on this machine (``benchmarks/hat_latency_multi30k.py``). The work is a list of *jobs*
+(models to train), planned first and then trained, in one call or in several:
 
-1. search (HAT's evolution: population 125 = 25 + 50 + 50, mutation 0.3, ``--iterations`` 30;
-   fitness = validation loss of the inherited SubTransformer on the first ``--fitness-sentences``
-   of ``val``; every candidate under the predicted limit);
-2. test BLEU of the inherited SubTransformer (no retraining; HAT table 5) if
-   ``--inherited-bleu``;
-3. train it from scratch (a standalone ``hat`` model of its size: ``HATConfig(sub=best)``) with
-   the translation task and ``effiformer.train.train`` for ``--train-budget`` seconds, the recipe
-   of the SuperTransformer run (Adam (0.9, 0.98), lr 1e-3, 1000 warmup steps, inverse sqrt,
-   label smoothing 0.1, 4096-token batches);
-4. measure its latency as the dataset was measured (batch 1, 30 tokens, beam 5, 20 runs).
+1. plan (every call; what is recorded is not redone):
+   - for each ``--limits`` value, HAT's search (evolution: population 125 = 25 + 50 + 50,
+     mutation 0.3, ``--iterations`` 30; fitness = validation loss of the inherited SubTransformer
+     on the first ``--fitness-sentences`` of ``val``; every candidate under the predicted limit),
+     and the test BLEU of the inherited winner with ``--inherited-bleu`` (HAT table 5);
+   - the dense baselines: ``--dense`` override sets of ``transformer-multi30k``, or ``auto``:
+     for each limit the width/depth scaling of ``DENSE_GRID`` whose measured latency is the
+     largest under it (the dense model of that latency);
+   - with ``--anchors``, HAT's inherited-vs-from-scratch check: the largest and smallest
+     SubTransformers, scored with inherited weights and trained from scratch;
+   - every job's latency, measured as the dataset was (batch 1, 30 tokens, beam 5, ``--runs``);
+   - with ``--equal-compute SECONDS``, every job's training step timed (``--timing-steps``, the
+     first 4 left out, mean) one at a time, and its step budget = the whole steps that fit
+     SECONDS of that time (``OUT/timing.json``): equal compute that a shared machine cannot
+     bend, since the steps, not the wall clock, end each run. Without it, ``--train-budget``
+     seconds of wall clock (or ``--train-steps``) end each run.
+   Latencies and timings need a quiet machine: ``--pause PID ...`` stops those processes (e.g.
+   a second training lane) with SIGSTOP while this call measures, and continues them after.
+   ``OUT/plan.json`` lists the jobs; ``--plan-only`` stops here. ``--dense-only`` plans (and
+   trains) the dense baselines alone, without the SuperTransformer's search: a lane that can
+   start while the SuperTransformer still trains (a later call in the same folder reuses its
+   measurements).
+2. train (``--only NAME ...``: just those jobs, so that two one-thread lanes can share the
+   jobs): each job from scratch with the translation task and ``effiformer.train.train``, the
+   recipe of the SuperTransformer run (Adam (0.9, 0.98), lr 1e-3, inverse sqrt, warmup 1000
+   steps capped to a quarter of the run, label smoothing 0.1, 4096-token batches), then test
+   BLEU (sacreBLEU on ``test_2016_flickr``, beam 5, lenpen 1). ``--smallest-seeds K``: the jobs
+   at the lowest limit (the two smallest models) are trained with seeds 0..K-1.
+3. report: ``OUT/table.md`` and ``OUT/bleu_vs_latency.png`` from every record so far.
 
-The dense baselines (``--dense``: override sets of ``transformer-multi30k``, or ``auto``: for each
-limit the width/depth scaling of ``DENSE_GRID`` whose measured latency is the largest under it)
-are measured and trained the same way. ``--anchors``: HAT's inherited-vs-from-scratch check, the
-largest and smallest SubTransformers scored with inherited weights and trained from scratch for
-the same budget. Test BLEU: sacreBLEU on ``test_2016_flickr``, beam 5, lenpen 1.
+Jobs are named ``hat-<limit>-s<seed>``, ``dense-<limit>-s<seed>`` (``dense-<i>-s<seed>`` for
+explicit override sets) and ``anchor-largest-s0`` / ``anchor-smallest-s0``.
 
-Resumable: rerun the same command with the same ``--out`` and every search, model and anchor
-already recorded in ``results.jsonl`` is skipped (a search reloads ``search_<limit>.json``; a
-model interrupted mid-training resumes from its folder's checkpoint, written every 250 steps).
+Resumable: rerun the same command with the same ``--out``; every search, measurement, timing and
+model recorded in ``results.jsonl`` is skipped (a search reloads ``search_<limit>.json``; a model
+interrupted mid-training resumes from its folder's checkpoint, written every 250 steps).
 
     python benchmarks/hat_search_multi30k.py --super runs/hat-super \\
-        --predictor runs/hat-lat/predictor.pt --limits 150 220 --train-budget 1800 \\
-        --out runs/hat-search                                              # ~4-5 h idle
+        --predictor runs/hat-lat/predictor.pt --limits 60 90 --inherited-bleu --anchors \\
+        --dense auto --equal-compute 1200 --smallest-seeds 2 --plan-only --out runs/hat-search
+    python benchmarks/hat_search_multi30k.py ... --only hat-60-s0 hat-90-s0 hat-60-s1  # lane A
+    python benchmarks/hat_search_multi30k.py ... --only dense-60-s0 dense-90-s0 ...     # lane B
     python benchmarks/hat_search_multi30k.py --super /tmp/hat-super \\
         --predictor /tmp/hat-lat/predictor.pt --limits 1e6 --iterations 1 --population 6 \\
         --parents 2 --mutations 2 --crossovers 2 --fitness-sentences 20 --train-steps 3 \\
         --test-sentences 10 --runs 2 --warmup 0 --dense decoder_layers=1 --out /tmp/hat-search
 
-Writes ``OUT/results.jsonl`` (environment, searches, trained models with their BLEU and measured
-latency), ``OUT/search_<limit>.json`` and ``OUT/bleu_vs_latency.png``.
+Writes ``OUT/results.jsonl`` (environment, searches, measurements, trained models with their BLEU
+and measured latency), ``OUT/search_<limit>.json``, ``OUT/plan.json``, ``OUT/timing.json``,
+``OUT/table.md`` and ``OUT/bleu_vs_latency.png``.
 
 The parallel text is read from ``multi30k/`` under the data folder: ``--data DIR``, else
 ``$EFFIFORMER_DATA``, else ``../shared/data`` beside the checkout (``--data`` may also name the
@@ -49,9 +69,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
+import signal
+import statistics
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -59,6 +83,7 @@ import torch
 from effiformer import create_model
 from effiformer.bench.decoding import decoding_latency
 from effiformer.bench.harness import environment
+from effiformer.bench.quality import allocate_steps
 from effiformer.checkpoint import LATEST
 from effiformer.config import parse_overrides
 from effiformer.data import ParallelData
@@ -91,33 +116,98 @@ def _write(f, rec: dict) -> None:
     f.flush()
 
 
-def _train(model, task: TranslationTask, args, out_dir: Path) -> dict:
-    """Train from scratch (resuming the folder's checkpoint after an interruption: the step
-    budget ``--train-steps`` then continues; a time budget restarts its clock)."""
-    resume = (out_dir / LATEST).is_file()
-    cfg = TrainConfig(
-        steps=args.train_steps, optimizer="adam", lr=1e-3, betas=(0.9, 0.98), eps=1e-8,
-        weight_decay=0.0, warmup=min(1000, max(1, args.train_steps // 10)),
-        schedule="inverse_sqrt", clip=None, seed=args.seed, device="cpu",
-        time_budget=args.train_budget, eval_every=None, out_dir=str(out_dir), log_every=25,
-        progress=not args.quiet, checkpoint_every=250, resume=str(out_dir) if resume else None,
+@contextmanager
+def _paused(pids: list[int]):
+    """Stop ``pids`` (SIGSTOP) for the block and continue them after (SIGCONT), also when the
+    block fails or this process is terminated: a measurement on a quiet machine beside a
+    training lane. Processes that no longer exist are left out."""
+    stopped = []
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGSTOP)
+            stopped.append(pid)
+        except ProcessLookupError:
+            print(f"--pause: no process {pid}; measuring without pausing it", file=sys.stderr)
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def _term(signum, frame):  # continue the lanes before dying
+        raise SystemExit(128 + signum)
+
+    if stopped:
+        signal.signal(signal.SIGTERM, _term)
+    try:
+        if stopped:
+            time.sleep(1.0)  # let the stopped processes leave the cores and caches
+        yield stopped
+    finally:
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        if stopped:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _warmup_for(steps: int) -> int:
+    """The recipe's warmup: 1000 steps (HAT's), capped to a quarter of a shorter run."""
+    return max(1, min(1000, steps // 4))
+
+
+def _config(args, steps: int, seed: int, out_dir: Path | None, time_budget: float | None):
+    resume = out_dir is not None and (out_dir / LATEST).is_file()
+    return TrainConfig(
+        steps=steps, optimizer="adam", lr=1e-3, betas=(0.9, 0.98), eps=1e-8,
+        weight_decay=0.0, warmup=_warmup_for(steps), schedule="inverse_sqrt", clip=None,
+        seed=seed, device="cpu", time_budget=time_budget, eval_every=None,
+        out_dir=None if out_dir is None else str(out_dir), log_every=1 if out_dir is None else 25,
+        progress=not args.quiet and out_dir is not None,
+        checkpoint_every=None if out_dir is None else 250,
+        resume=str(out_dir) if resume else None,
     )  # fmt: skip
+
+
+def _train(model, task: TranslationTask, args, out_dir: Path, steps: int | None, seed: int) -> dict:
+    """Train from scratch for ``steps`` (equal compute) or, without, ``--train-budget`` seconds
+    of wall clock capped at ``--train-steps``; an interrupted run resumes from its folder's
+    checkpoint (a step budget continues; a time budget restarts its clock)."""
+    if steps is not None:
+        cfg = _config(args, steps, seed, out_dir, None)
+    else:
+        cfg = _config(args, args.train_steps, seed, out_dir, args.train_budget)
     t0 = time.monotonic()
     history = train(model, task, cfg)
-    return {"steps": history.step, "train_s": time.monotonic() - t0,
+    return {"steps": history.step, "train_s": time.monotonic() - t0, "warmup": cfg.warmup,
             "last_loss": history.losses[-1] if history.losses else None}  # fmt: skip
 
 
-def _key(r: dict) -> tuple:
-    """What a record marks as done (see the resumable loop in :func:`main`)."""
-    kind = r.get("kind")
-    if kind == "search":
-        return ("search", r["limit_ms"])
-    if kind == "trained":
-        return ("trained", r["model"], r["limit_ms"] if r["model"] == "hat" else r["overrides"])
-    if kind == "anchor":
-        return ("anchor", r["name"])
-    return (kind,)
+class _NoEval:
+    """The task without its evaluation (a timing trains, and the trainer evaluates at the end)."""
+
+    def __init__(self, task) -> None:
+        self._task = task
+
+    def __getattr__(self, name):
+        return getattr(self._task, name)
+
+    def evaluate(self, model, split="valid", **kw):
+        return {"timing_only": float("nan")}
+
+
+#: training steps a timing runs, and how many of its first it leaves out
+TIMING_SKIP = 4
+
+
+def _time_steps(model, task: TranslationTask, args) -> dict:
+    """Seconds per training step of ``model`` (the recipe, this process's threads): the mean of
+    ``--timing-steps`` steps after the first ``TIMING_SKIP`` (a mean, not a median: batches
+    differ in length, and the budget is a sum of steps)."""
+    cfg = _config(args, args.timing_steps + TIMING_SKIP, args.seed, None, None)
+    history = train(model, _NoEval(task), cfg)
+    times = [r["step_s"] for r in history.train if "step_s" in r][TIMING_SKIP:]
+    return {"step_s": statistics.fmean(times), "steps_timed": len(times),
+            "spread_s": statistics.pstdev(times), "loadavg": list(os.getloadavg()),
+            "threads": torch.get_num_threads()}  # fmt: skip
 
 
 #: Width and depth scalings of transformer-multi30k that ``--dense auto`` measures.
@@ -127,23 +217,30 @@ DENSE_GRID = [
 ]  # fmt: skip
 
 
-def _dense_for_limits(limits, vocab: int, args, results) -> list[str]:
+def _dense_model(spec: str, vocab: int):
+    over = parse_overrides(create_model("transformer-multi30k").config, spec.split())
+    return create_model("transformer-multi30k", vocab_size=vocab, **over)
+
+
+def _dense_latency(spec: str, vocab: int, args) -> float:
+    model = _dense_model(spec, vocab).eval()
+    lat = decoding_latency(model, src_len=30, beam=5, runs=args.runs, warmup=args.warmup,
+                           threads=args.threads)  # fmt: skip
+    return lat.total_s * 1e3
+
+
+def _dense_for_limits(limits, vocab: int, args, results, measured=None) -> list[str | None]:
     """For each latency limit, the DENSE_GRID scaling whose measured latency (batch 1, beam 5,
-    the dataset's setting) is the largest under it: the dense model of that latency."""
-    measured = []
-    for spec in DENSE_GRID:
-        over = parse_overrides(create_model("transformer-multi30k").config, spec.split())
-        model = create_model("transformer-multi30k", vocab_size=vocab, **over).eval()
-        lat = decoding_latency(model, src_len=30, beam=5, runs=args.runs, warmup=args.warmup,
-                               threads=args.threads)  # fmt: skip
-        measured.append((lat.total_s * 1e3, spec))
-    _write(results, {"kind": "dense_grid", "measured": [[ms, spec] for ms, spec in measured]})
+    the dataset's setting) is the largest under it: the dense model of that latency (None where
+    no scaling is under the limit). ``measured``: a grid measured before ([[ms, spec], ...])."""
+    if measured is None:
+        measured = [(_dense_latency(spec, vocab, args), spec) for spec in DENSE_GRID]
+        _write(results, {"kind": "dense_grid", "measured": [[ms, spec] for ms, spec in measured]})
     picked = []
     for limit in limits:
         under = [(ms, spec) for ms, spec in measured if ms <= limit]
-        if under:
-            picked.append(max(under)[1])
-    return list(dict.fromkeys(picked))
+        picked.append(max(under)[1] if under else None)
+    return picked
 
 
 def _test(model, task: TranslationTask, args) -> dict:
@@ -154,6 +251,91 @@ def _test(model, task: TranslationTask, args) -> dict:
         task.eval_sentences = args.eval_sentences
     return {"bleu": r["bleu"], "chrf": r["chrf"], "test_loss": r["loss"],
             "sentences": r["sentences"], "bleu_signature": r["bleu_signature"]}  # fmt: skip
+
+
+def _read(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
+
+
+def _spread(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.fmean(values):.2f} ± {(max(values) - min(values)) / 2:.2f}"
+
+
+def _num(x: float | None, digits: int) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def report(out: Path, test_split: str = "test_2016_flickr", beam: int = 5) -> str:
+    """``OUT/table.md`` and ``OUT/bleu_vs_latency.png`` from the records in ``OUT``; returns
+    the table's markdown."""
+    rows = _read(out / "results.jsonl")
+    plan = json.loads((out / "plan.json").read_text()) if (out / "plan.json").is_file() else {}
+    jobs = {j["name"]: j for j in plan.get("jobs", [])}
+    trained = [r for r in rows if r.get("kind") == "trained"]
+    groups: dict[str, list[dict]] = {}
+    for r in trained:
+        groups.setdefault(r["group"], []).append(r)
+    searches = {r["limit_ms"]: r for r in rows if r.get("kind") == "search"}
+    lines = [
+        f"Test BLEU (sacreBLEU, {test_split}, beam {beam}) of every model trained from scratch, "
+        "against its latency measured on this CPU (batch 1, 30 tokens, beam 5). `± x`: half the "
+        "range over seeds. Steps: the steps each got (equal compute: the quiet seconds per step "
+        "times the steps is the same budget for every model).",
+        "",
+        "| model | limit (ms) | architecture | params (M) | measured (ms) | predicted (ms) | "
+        "steps | s/step (quiet) | seeds | test BLEU | inherited BLEU |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for _, rs in sorted(groups.items(), key=lambda kv: (kv[1][0]["model"] != "anchor",
+                                                            kv[1][0]["model"], kv[0])):  # fmt: skip
+        r = rs[0]
+        inherited = r.get("inherited") or (searches.get(r.get("limit_ms")) or {}).get("inherited")
+        cells = [
+            r["model"], r.get("limit_ms") or "-", r["description"], f"{r['params'] / 1e6:.2f}",
+            f"{r['measured_ms']:.1f}", _num(r.get("predicted_ms"), 1),
+            "/".join(str(x["steps"]) for x in rs), _num(r.get("step_s"), 3), len(rs),
+            _spread([x["bleu"] for x in rs]), _num((inherited or {}).get("bleu"), 2),
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    missing = [n for n in jobs if not any(r["name"] == n for r in trained)]
+    if missing:
+        lines += ["", f"Not trained yet: {', '.join(missing)}."]
+    table = "\n".join(lines) + "\n"
+    (out / "table.md").write_text(table)
+
+    def points(model: str, key: str = "bleu"):
+        xs, ys = [], []
+        for rs in groups.values():
+            if rs[0]["model"] == model:
+                xs.append(rs[0]["measured_ms"])
+                ys.append(statistics.fmean(x[key] for x in rs))
+        return xs, ys
+
+    series = []
+    for model, label, style, size in (
+        ("hat", "HAT SubTransformer (from scratch)", "-*", 12),
+        ("dense", "dense Transformer, scaled (from scratch)", "-o", 6),
+        ("anchor", "largest / smallest SubTransformer (from scratch)", "x", 40),
+    ):
+        x, y = points(model)
+        if x:
+            series.append({"label": label, "x": x, "y": y, "style": style, "size": size})
+    inh = [(r["measured_ms"], (r.get("inherited") or searches.get(r.get("limit_ms"), {}).get(
+        "inherited") or {}).get("bleu")) for rs in groups.values() for r in rs[:1]
+        if r["model"] in ("hat", "anchor")]  # fmt: skip
+    inh = [(x, y) for x, y in inh if y is not None]
+    if inh:
+        series.append({"label": "the same, inherited weights", "x": [x for x, _ in inh],
+                       "y": [y for _, y in inh], "style": "+", "size": 60})  # fmt: skip
+    if series:
+        plot_frontier(series, out / "bleu_vs_latency.png",
+                      xlabel="measured latency on this CPU (ms, batch 1, beam 5)",
+                      ylabel=f"test BLEU ({test_split}, beam {beam})",
+                      title="Multi30k En->De: HAT vs scaled dense Transformers",
+                      limits=plan.get("limits", []))  # fmt: skip
+    return table
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,8 +361,32 @@ def main(argv: list[str] | None = None) -> int:
                    "argument each); 'auto': for each limit, the scaled transformer-multi30k "
                    "(width and depth, DENSE_GRID) whose measured latency is the largest under "
                    "it; none: no dense baselines")  # fmt: skip
+    p.add_argument("--equal-compute", type=float, metavar="SECONDS",
+                   help="each model trains the steps that fit SECONDS of its own quiet step "
+                   "time (timed at planning); overrides --train-budget")  # fmt: skip
+    p.add_argument(
+        "--timing-steps",
+        type=int,
+        default=20,
+        help="steps timed per model for --equal-compute (after 4 left out)",
+    )
     p.add_argument("--train-budget", type=float, default=1800.0, help="seconds per model")
     p.add_argument("--train-steps", type=int, default=100_000, help="cap (and schedule length)")
+    p.add_argument(
+        "--smallest-seeds",
+        type=int,
+        default=1,
+        help="seeds for the jobs at the lowest limit (the two smallest models)",
+    )
+    p.add_argument("--only", nargs="+", metavar="JOB", help="train only these jobs (names: "
+                   "see OUT/plan.json)")  # fmt: skip
+    p.add_argument("--plan-only", action="store_true", help="plan, measure and time; no training")
+    p.add_argument("--dense-only", action="store_true",
+                   help="plan and train the dense baselines only (no search, no anchors): a lane "
+                   "that starts while the SuperTransformer still trains")  # fmt: skip
+    p.add_argument("--pause", nargs="+", type=int, default=[], metavar="PID",
+                   help="processes stopped (SIGSTOP) while this call measures latency or times "
+                   "steps, continued after")  # fmt: skip
     p.add_argument("--eval-sentences", type=int, default=200)
     p.add_argument("--test-split", default="test_2016_flickr")
     p.add_argument("--test-sentences", type=int)
@@ -192,6 +398,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
+    if args.equal_compute is not None and not (math.isfinite(args.equal_compute)
+                                               and args.equal_compute > 0):  # fmt: skip
+        p.error(f"--equal-compute must be a positive number of seconds, got {args.equal_compute}")
+    if args.smallest_seeds < 1:
+        p.error("--smallest-seeds must be at least 1")
     args.data = str(
         _data.require_dataset(
             __file__,
@@ -205,51 +416,53 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     supernet, tokenizer, meta = load_supernet_run(args.super)
+    vocab = tokenizer.vocab_size
     pair = meta.get("pair") or {"src": "en", "tgt": "de"}
     task = TranslationTask(
         ParallelData(args.data, pair["src"], pair["tgt"]), tokenizer, max_tokens=4096,
         seed=args.seed, eval_sentences=args.eval_sentences, test_split=args.test_split,
     )  # fmt: skip
     predictor, pmeta = load_predictor(args.predictor)
-    settings = LatencySettings(vocab_size=tokenizer.vocab_size, runs=args.runs,
-                               warmup=args.warmup, threads=args.threads)  # fmt: skip
-    batches = validation_batches(task, "valid", sentences=args.fitness_sentences)
+    settings = LatencySettings(vocab_size=vocab, runs=args.runs, warmup=args.warmup,
+                               threads=args.threads)  # fmt: skip
     space = supernet.config.space
-    # Resumable: the records written before are read back, and every search, model and
-    # measurement already recorded is skipped (a model interrupted mid-training resumes from its
+    # Resumable: the records written before are read back, and every search, measurement and
+    # model already recorded is skipped (a model interrupted mid-training resumes from its
     # folder's checkpoint).
     path = out / "results.jsonl"
-    before = [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
-    done = {_key(r) for r in before}
+    before = _read(path)
     results = open(path, "a")
     env = environment(torch.device("cpu"), "float32", args.threads, peak=False)
     _write(results, {"kind": "environment", **env, "loadavg": os.getloadavg(),
                      "argv": sys.argv[1:] if argv is None else argv,
                      "resumed": bool(before)})  # fmt: skip
-    trained = {"hat": [r for r in before if r.get("kind") == "trained" and r["model"] == "hat"],
-               "dense": [r for r in before if r.get("kind") == "trained" and r["model"] == "dense"]}  # fmt: skip
-    searches = []
-    if args.anchors:
+
+    def recorded(kind: str, **match):
+        for r in before:
+            if r.get("kind") == kind and all(r.get(k) == v for k, v in match.items()):
+                return r
+        return None
+
+    # -- 1. plan: searches, dense picks, anchors; latencies and timings -----------------------
+    groups: list[dict] = []  # one per model: name, model, limit, the model's maker
+    if args.anchors and not args.dense_only:
         for name, sub in representative_subtransformers(space).items():
-            if ("anchor", name) in done:
-                continue
-            inherited = _test(supernet.bind(sub), task, args)
-            torch.manual_seed(args.seed)
-            model = SuperTransformer(dataclasses.replace(supernet.config, sub=sub.trimmed()))
-            fit = _train(model, task, args, out / f"anchor_{name}")
-            rec = {"kind": "anchor", "name": name, "sub": sub.to_dict(),
-                   "description": sub.describe(), "params": model.num_params(),
-                   "inherited": inherited, **fit, **_test(model, task, args)}  # fmt: skip
-            _write(results, rec)
-            print(f"{name}: inherited BLEU {inherited['bleu']:.2f}, from scratch "
-                  f"{rec['bleu']:.2f} ({fit['steps']} steps)", flush=True)  # fmt: skip
-    for limit in args.limits:
+            rec = recorded("anchor_inherited", name=name)
+            if rec is None:
+                rec = {"kind": "anchor_inherited", "name": name,
+                       "inherited": _test(supernet.bind(sub), task, args)}  # fmt: skip
+                _write(results, rec)
+            groups.append({"group": f"anchor-{name}", "model": "anchor", "limit_ms": None,
+                           "sub": sub.trimmed(), "description": sub.describe(),
+                           "inherited": rec["inherited"]})  # fmt: skip
+    batches = None
+    for limit in [] if args.dense_only else args.limits:
         saved = out / f"search_{limit:g}.json"
         if saved.is_file():  # searched before: its best SubTransformer
             rec = json.loads(saved.read_text())
-            best = SubTransformer.from_dict(rec["best"])
-            predicted = rec["best_predicted_ms"]
         else:
+            if batches is None:
+                batches = validation_batches(task, "valid", sentences=args.fitness_sentences)
             t0 = time.monotonic()
             r = search_subtransformer(
                 supernet, predictor, limit, batches, population=args.population,
@@ -259,56 +472,111 @@ def main(argv: list[str] | None = None) -> int:
             rec = result_record(r, space.qkv_dim)
             rec["search_s"] = time.monotonic() - t0
             saved.write_text(json.dumps(rec, indent=2) + "\n")
-            searches.append(r)
-            best, predicted = r.best, r.best_latency
-        if ("search", limit) not in done:
+        best = SubTransformer.from_dict(rec["best"])
+        row = recorded("search", limit_ms=limit)
+        if row is None:
             row = {"kind": "search", **{k: v for k, v in rec.items() if k != "evaluated"}}
             if args.inherited_bleu:
                 row["inherited"] = _test(supernet.bind(best), task, args)
             _write(results, row)
-        if ("trained", "hat", limit) in done:
-            continue
-        torch.manual_seed(args.seed)
-        model = SuperTransformer(dataclasses.replace(supernet.config, sub=best.trimmed()))
-        fit = _train(model, task, args, out / f"hat_{limit:g}")
-        lat = measure_subtransformer(best, space, settings)
-        rec = {"kind": "trained", "model": "hat", "limit_ms": limit, "sub": best.to_dict(),
-               "description": best.describe(), "params": model.num_params(), **fit,
-               "measured_ms": lat.total_s * 1e3, "predicted_ms": predicted,
-               **_test(model, task, args)}  # fmt: skip
-        _write(results, rec)
-        trained["hat"].append(rec)
-        print(f"HAT @{limit:g} ms: {best.describe()}: measured {rec['measured_ms']:.1f} ms, "
-              f"BLEU {rec['bleu']:.2f}", flush=True)  # fmt: skip
+        groups.append({"group": f"hat-{limit:g}", "model": "hat", "limit_ms": limit,
+                       "sub": best.trimmed(), "description": best.describe(),
+                       "predicted_ms": rec["best_predicted_ms"],
+                       "inherited": row.get("inherited")})  # fmt: skip
+    if args.dense == ["none"]:
+        args.dense = []
     if args.dense == ["auto"]:
-        args.dense = _dense_for_limits(args.limits, tokenizer.vocab_size, args, results)
-    for spec in args.dense:
-        if ("trained", "dense", spec) in done:
+        grid = recorded("dense_grid")
+        if grid is None:
+            with _paused(args.pause):
+                picked = _dense_for_limits(args.limits, vocab, args, results)
+        else:
+            picked = _dense_for_limits(args.limits, vocab, args, results, grid["measured"])
+        dense = [(f"dense-{limit:g}", limit, spec) for limit, spec in zip(args.limits, picked)
+                 if spec is not None]  # fmt: skip
+        for limit, spec in zip(args.limits, picked):
+            if spec is None:
+                print(f"--dense auto: no scaling of DENSE_GRID is under {limit:g} ms",
+                      file=sys.stderr)  # fmt: skip
+    else:
+        dense = [(f"dense-{i}", None, spec) for i, spec in enumerate(args.dense)]
+    for name, limit, spec in dense:
+        groups.append({"group": name, "model": "dense", "limit_ms": limit, "overrides": spec,
+                       "description": spec})  # fmt: skip
+
+    def make(g: dict, seed: int):
+        torch.manual_seed(seed)
+        if g["model"] == "dense":
+            return _dense_model(g["overrides"], vocab)
+        return SuperTransformer(dataclasses.replace(supernet.config, sub=g["sub"]))
+
+    timing_path = out / "timing.json"
+    timing = json.loads(timing_path.read_text()) if timing_path.is_file() else {}
+    for g in groups:
+        lat = recorded("latency", group=g["group"])
+        if lat is None:
+            with _paused(args.pause) as stopped:
+                if g["model"] == "dense":
+                    ms = _dense_latency(g["overrides"], vocab, args)
+                else:
+                    ms = measure_subtransformer(g["sub"], space, settings).total_s * 1e3
+            lat = {"kind": "latency", "group": g["group"], "measured_ms": ms, "paused": stopped,
+                   "runs": args.runs, "warmup": args.warmup}  # fmt: skip
+            _write(results, lat)
+        g["measured_ms"] = lat["measured_ms"]
+        if args.equal_compute is not None:
+            if g["group"] not in timing:
+                with _paused(args.pause) as stopped:
+                    timing[g["group"]] = {**_time_steps(make(g, args.seed), task, args),
+                                          "paused": stopped}  # fmt: skip
+                timing_path.write_text(json.dumps(timing, indent=2) + "\n")
+            g["step_s"] = timing[g["group"]]["step_s"]
+            g["steps"] = allocate_steps({"x": g["step_s"]}, args.equal_compute)["x"]
+    low = min(args.limits)
+    jobs = []
+    for g in groups:
+        n = args.smallest_seeds if g["limit_ms"] == low else 1
+        for seed in range(args.seed, args.seed + n):
+            jobs.append(
+                {
+                    "name": f"{g['group']}-s{seed}",
+                    "seed": seed,
+                    **{k: (v.to_dict() if k == "sub" else v) for k, v in g.items()},
+                }
+            )
+    (out / "plan.json").write_text(json.dumps(
+        {"limits": args.limits, "equal_compute_s": args.equal_compute, "jobs": jobs}, indent=2
+    ) + "\n")  # fmt: skip
+    names = [j["name"] for j in jobs]
+    if args.only:
+        unknown = [n for n in args.only if n not in names]
+        if unknown:
+            p.error(f"--only: no job {', '.join(unknown)}; the jobs: {', '.join(names)}")
+    if args.plan_only:
+        results.close()
+        for j in jobs:
+            print(
+                f"{j['name']}: {j['description']}, {j['measured_ms']:.1f} ms"
+                + (f", {j['steps']} steps at {j['step_s']:.3f} s" if "steps" in j else "")
+            )
+        return 0
+
+    # -- 2. train -----------------------------------------------------------------------------
+    by_group = {g["group"]: g for g in groups}
+    for j in jobs:
+        if (args.only and j["name"] not in args.only) or recorded("trained", name=j["name"]):
             continue
-        over = parse_overrides(create_model("transformer-multi30k").config, spec.split())
-        torch.manual_seed(args.seed)
-        model = create_model("transformer-multi30k", vocab_size=tokenizer.vocab_size, **over)
-        fit = _train(model, task, args, out / f"dense_{spec.replace(' ', '_').replace('=', '')}")
-        lat = decoding_latency(model, src_len=30, beam=5, runs=args.runs, warmup=args.warmup,
-                               threads=args.threads)  # fmt: skip
-        rec = {"kind": "trained", "model": "dense", "overrides": spec,
-               "params": model.num_params(), **fit, "measured_ms": lat.total_s * 1e3,
-               **_test(model, task, args)}  # fmt: skip
+        g = by_group[j["group"]]
+        model = make(g, j["seed"])
+        fit = _train(model, task, args, out / j["name"], j.get("steps"), j["seed"])
+        rec = {"kind": "trained", **j, "params": model.num_params(),
+               **fit, **_test(model, task, args)}  # fmt: skip
         _write(results, rec)
-        trained["dense"].append(rec)
-        print(f"dense {spec}: measured {rec['measured_ms']:.1f} ms, BLEU {rec['bleu']:.2f}",
-              flush=True)  # fmt: skip
+        print(f"{j['name']}: {j['description']}: measured {j['measured_ms']:.1f} ms, "
+              f"{fit['steps']} steps, BLEU {rec['bleu']:.2f}", flush=True)  # fmt: skip
     results.close()
-    series = [
-        {"label": "HAT SubTransformer (from scratch)", "x": [r["measured_ms"] for r in trained["hat"]],
-         "y": [r["bleu"] for r in trained["hat"]], "style": "-*", "size": 12},
-    ]  # fmt: skip
-    if trained["dense"]:
-        series.append({"label": "dense Transformer", "x": [r["measured_ms"] for r in trained["dense"]],
-                       "y": [r["bleu"] for r in trained["dense"]], "style": "-o"})  # fmt: skip
-    plot_frontier(series, out / "bleu_vs_latency.png", xlabel="measured latency on this CPU (ms)",
-                  ylabel=f"test BLEU ({args.test_split}, beam {args.beam})",
-                  title="Multi30k En->De: HAT vs dense", limits=args.limits)  # fmt: skip
+    # -- 3. report ----------------------------------------------------------------------------
+    report(out, args.test_split, args.beam)
     return 0
 
 

@@ -2,6 +2,8 @@
 supernet / latency / search chain takes seconds, the others are marked slow)."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -50,40 +52,74 @@ def test_supernet_latency_and_search_scripts(tmp_path, bench_script):
     rec = json.loads((lat / "predictor.json").read_text())
     assert rec["rows"] == 12 and "macs_linear" in rec["test"]
     out = tmp_path / "search"
-    assert bench_script("hat_search_multi30k").main([
+    common = [
         "--super", str(sup), "--predictor", str(lat / "predictor.pt"), "--limits", "1e6",
         "--data", str(data), "--iterations", "1", "--population", "6", "--parents", "2",
-        "--mutations", "2", "--crossovers", "2", "--fitness-sentences", "4", "--train-steps",
-        "2", "--test-sentences", "3", "--runs", "1", "--warmup", "0", "--eval-sentences", "2",
+        "--mutations", "2", "--crossovers", "2", "--fitness-sentences", "4",
+        "--test-sentences", "3", "--runs", "1", "--warmup", "0", "--eval-sentences", "2",
         "--dense", "n_layers=1 decoder_layers=1 dim=32 n_heads=2 ffn_dim=64", "--quiet",
-        "--inherited-bleu", "--out", str(out),
-    ]) == 0  # fmt: skip
+        "--inherited-bleu",
+    ]  # fmt: skip
+    script = bench_script("hat_search_multi30k")
+    assert script.main([*common, "--train-steps", "2", "--out", str(out)]) == 0
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     kinds = [r["kind"] for r in rows]
-    assert kinds == ["environment", "search", "trained", "trained"]
+    assert kinds == ["environment", "search", "latency", "latency", "trained", "trained"]
     assert rows[1]["best_predicted_ms"] <= 1e6 and "inherited" in rows[1]
-    assert {r["model"] for r in rows[2:]} == {"hat", "dense"}
-    assert all(r["measured_ms"] > 0 and "bleu" in r for r in rows[2:])
+    trained = rows[4:]
+    assert [r["name"] for r in trained] == ["hat-1e+06-s0", "dense-0-s0"]
+    assert all(r["measured_ms"] > 0 and "bleu" in r and r["steps"] == 2 for r in trained)
+    assert trained[0]["inherited"] == rows[1]["inherited"]
     assert (out / "bleu_vs_latency.png").is_file()
+    table = (out / "table.md").read_text()
+    assert "| hat | 1000000.0 |" in table and "| dense | - |" in table
     # Rerun of the same folder with the inherited-vs-scratch anchors: what was recorded is not
     # searched, trained or measured again; only the anchors are added.
-    script = bench_script("hat_search_multi30k")
-    assert script.main([
-        "--super", str(sup), "--predictor", str(lat / "predictor.pt"), "--limits", "1e6",
-        "--data", str(data), "--iterations", "1", "--population", "6", "--parents", "2",
-        "--mutations", "2", "--crossovers", "2", "--fitness-sentences", "4", "--train-steps",
-        "2", "--test-sentences", "3", "--runs", "1", "--warmup", "0", "--eval-sentences", "2",
-        "--dense", "n_layers=1 decoder_layers=1 dim=32 n_heads=2 ffn_dim=64", "--quiet",
-        "--inherited-bleu", "--anchors", "--out", str(out),
-    ]) == 0  # fmt: skip
+    assert script.main([*common, "--train-steps", "2", "--anchors", "--out", str(out)]) == 0
     again = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    assert again[:4] == rows and [r["kind"] for r in again[4:]] == [
-        "environment",
-        "anchor",
-        "anchor",
-    ]
-    assert again[4]["resumed"] and {r["name"] for r in again[5:]} == {"largest", "smallest"}
-    assert all("bleu" in r["inherited"] and r["steps"] == 2 for r in again[5:])
+    assert again[:6] == rows
+    assert [r["kind"] for r in again[6:]] == ["environment"] + ["anchor_inherited"] * 2 + [
+        "latency"
+    ] * 2 + ["trained"] * 2
+    assert again[6]["resumed"]
+    anchors = again[-2:]
+    assert [r["name"] for r in anchors] == ["anchor-largest-s0", "anchor-smallest-s0"]
+    assert all("bleu" in r["inherited"] and r["steps"] == 2 for r in anchors)
+    assert "| anchor |" in (out / "table.md").read_text()
+    # Equal compute: each model timed (the other lane paused meanwhile), its steps = the budget
+    # over its quiet step time; two seeds at the lowest limit; --only trains one job.
+    lane = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        eq = tmp_path / "equal"
+        argv = [*common, "--equal-compute", "0.5", "--timing-steps", "2", "--smallest-seeds",
+                "2", "--pause", str(lane.pid), "--out", str(eq)]  # fmt: skip
+        assert script.main([*argv, "--plan-only"]) == 0
+        assert _state(lane.pid) != "T"  # continued after the measurements
+        timing = json.loads((eq / "timing.json").read_text())
+        assert set(timing) == {"hat-1e+06", "dense-0"}
+        assert all(t["paused"] == [lane.pid] and t["steps_timed"] == 2 for t in timing.values())
+        plan = json.loads((eq / "plan.json").read_text())
+        names = [j["name"] for j in plan["jobs"]]
+        assert names == ["hat-1e+06-s0", "hat-1e+06-s1", "dense-0-s0"]
+        for j in plan["jobs"]:
+            assert j["steps"] == max(1, int(0.5 / timing[j["group"]]["step_s"]))
+        assert not [r for r in _rows(eq) if r["kind"] == "trained"]
+        assert script.main([*argv, "--only", "hat-1e+06-s1"]) == 0
+        done = [r for r in _rows(eq) if r["kind"] == "trained"]
+        assert [r["name"] for r in done] == ["hat-1e+06-s1"] and done[0]["seed"] == 1
+        assert done[0]["steps"] == plan["jobs"][1]["steps"]
+        assert "Not trained yet: hat-1e+06-s0, dense-0-s0." in (eq / "table.md").read_text()
+        with pytest.raises(SystemExit):
+            script.main([*argv, "--only", "hat-7-s0"])
+        # --dense-only: no search (a lane that starts before the SuperTransformer is trained)
+        solo = tmp_path / "solo"
+        assert script.main([*argv[:-1], str(solo), "--dense-only", "--plan-only"]) == 0
+        plan = json.loads((solo / "plan.json").read_text())
+        assert [j["name"] for j in plan["jobs"]] == ["dense-0-s0"]
+        assert not list(solo.glob("search_*.json"))
+    finally:
+        lane.kill()
+        lane.wait()
     # --dense auto: for each limit, the measured scaling with the largest latency under it
     script.DENSE_GRID = ["n_layers=1 decoder_layers=1 dim=32 n_heads=2 ffn_dim=64",
                          "n_layers=2 decoder_layers=2 dim=64 n_heads=2 ffn_dim=128"]  # fmt: skip
@@ -95,7 +131,17 @@ def test_supernet_latency_and_search_scripts(tmp_path, bench_script):
         picked = script._dense_for_limits([1e6, 1e-9], 80, Args, log)
     grid = json.loads((tmp_path / "grid.jsonl").read_text())
     assert grid["kind"] == "dense_grid" and len(grid["measured"]) == 2
-    assert picked == [max(grid["measured"])[1]]  # under 1e6 ms: the slowest; under 1e-9: none
+    # under 1e6 ms: the slowest; under 1e-9: none
+    assert picked == [max(grid["measured"])[1], None]
+
+
+def _rows(out):
+    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+
+
+def _state(pid: int) -> str:
+    """A process's state letter from /proc (T: stopped)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
 @pytest.mark.slow
