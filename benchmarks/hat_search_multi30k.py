@@ -35,7 +35,10 @@ trained on this machine (``benchmarks/hat_latency_multi30k.py``). The work is a 
    steps capped to a quarter of the run, label smoothing 0.1, 4096-token batches), then test
    BLEU (sacreBLEU on ``test_2016_flickr``, beam 5, lenpen 1). ``--smallest-seeds K``: the jobs
    at the lowest limit (the two smallest models) are trained with seeds 0..K-1.
-3. report: ``OUT/table.md`` and ``OUT/bleu_vs_latency.png`` from every record so far.
+3. ``--remeasure K``: every model's latency measured again, in K rounds of one model after
+   another (a drift or a noisy neighbour touches all models alike); the report's latency is the
+   median of every measurement of a model, with its range.
+4. report: ``OUT/table.md`` and ``OUT/bleu_vs_latency.png`` from every record so far.
 
 Jobs are named ``hat-<limit>-s<seed>``, ``dense-<limit>-s<seed>`` (``dense-<i>-s<seed>`` for
 explicit override sets) and ``anchor-largest-s0`` / ``anchor-smallest-s0``.
@@ -278,10 +281,26 @@ def report(out: Path, test_split: str = "test_2016_flickr", beam: int = 5) -> st
     for r in trained:
         groups.setdefault(r["group"], []).append(r)
     searches = {r["limit_ms"]: r for r in rows if r.get("kind") == "search"}
+    # every latency measured for a model (at planning, and --remeasure's interleaved rounds):
+    # the median is its latency, the range its spread
+    measured: dict[str, list[float]] = {}
+    for r in rows:
+        if r.get("kind") in ("latency", "remeasure"):
+            measured.setdefault(r["group"], []).append(r["measured_ms"])
+
+    def latency(r: dict) -> float:
+        return statistics.median(measured.get(r["group"]) or [r["measured_ms"]])
+
+    def latency_cell(r: dict) -> str:
+        ms = measured.get(r["group"]) or [r["measured_ms"]]
+        if len(ms) == 1:
+            return f"{ms[0]:.1f}"
+        return f"{statistics.median(ms):.1f} ({min(ms):.1f}-{max(ms):.1f}, {len(ms)})"
+
     lines = [
         f"Test BLEU (sacreBLEU, {test_split}, beam {beam}) of every model trained from scratch, "
-        "against its latency measured on this CPU (batch 1, 30 tokens, beam 5). `± x`: half the "
-        "range over seeds. Steps: the steps each got (equal compute: the quiet seconds per step "
+        "against its latency measured on this CPU (batch 1, 30 tokens, beam 5; with several "
+        "measurements: the median (range, count)). `± x`: half the range over seeds. Steps: the steps each got (equal compute: the quiet seconds per step "
         "times the steps is the same budget for every model).",
         "",
         "| model | limit (ms) | architecture | params (M) | measured (ms) | predicted (ms) | "
@@ -294,7 +313,7 @@ def report(out: Path, test_split: str = "test_2016_flickr", beam: int = 5) -> st
         inherited = r.get("inherited") or (searches.get(r.get("limit_ms")) or {}).get("inherited")
         cells = [
             r["model"], r.get("limit_ms") or "-", r["description"], f"{r['params'] / 1e6:.2f}",
-            f"{r['measured_ms']:.1f}", _num(r.get("predicted_ms"), 1),
+            latency_cell(r), _num(r.get("predicted_ms"), 1),
             "/".join(str(x["steps"]) for x in rs), _num(r.get("step_s"), 3), len(rs),
             _spread([x["bleu"] for x in rs]), _num((inherited or {}).get("bleu"), 2),
         ]  # fmt: skip
@@ -309,7 +328,7 @@ def report(out: Path, test_split: str = "test_2016_flickr", beam: int = 5) -> st
         xs, ys = [], []
         for rs in groups.values():
             if rs[0]["model"] == model:
-                xs.append(rs[0]["measured_ms"])
+                xs.append(latency(rs[0]))
                 ys.append(statistics.fmean(x[key] for x in rs))
         return xs, ys
 
@@ -322,7 +341,7 @@ def report(out: Path, test_split: str = "test_2016_flickr", beam: int = 5) -> st
         x, y = points(model)
         if x:
             series.append({"label": label, "x": x, "y": y, "style": style, "size": size})
-    inh = [(r["measured_ms"], (r.get("inherited") or searches.get(r.get("limit_ms"), {}).get(
+    inh = [(latency(r), (r.get("inherited") or searches.get(r.get("limit_ms"), {}).get(
         "inherited") or {}).get("bleu")) for rs in groups.values() for r in rs[:1]
         if r["model"] in ("hat", "anchor")]  # fmt: skip
     inh = [(x, y) for x, y in inh if y is not None]
@@ -387,6 +406,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pause", nargs="+", type=int, default=[], metavar="PID",
                    help="processes stopped (SIGSTOP) while this call measures latency or times "
                    "steps, continued after")  # fmt: skip
+    p.add_argument("--remeasure", type=int, default=0, metavar="K",
+                   help="after training, every model's latency measured again in K rounds "
+                   "(one model after another in each round); the report's latency is the median "
+                   "of all its measurements")  # fmt: skip
     p.add_argument("--eval-sentences", type=int, default=200)
     p.add_argument("--test-split", default="test_2016_flickr")
     p.add_argument("--test-sentences", type=int)
@@ -510,16 +533,19 @@ def main(argv: list[str] | None = None) -> int:
             return _dense_model(g["overrides"], vocab)
         return SuperTransformer(dataclasses.replace(supernet.config, sub=g["sub"]))
 
+    def measure(g: dict) -> float:
+        """Latency (ms) of a group's model, as the dataset was measured."""
+        if g["model"] == "dense":
+            return _dense_latency(g["overrides"], vocab, args)
+        return measure_subtransformer(g["sub"], space, settings).total_s * 1e3
+
     timing_path = out / "timing.json"
     timing = json.loads(timing_path.read_text()) if timing_path.is_file() else {}
     for g in groups:
         lat = recorded("latency", group=g["group"])
         if lat is None:
             with _paused(args.pause) as stopped:
-                if g["model"] == "dense":
-                    ms = _dense_latency(g["overrides"], vocab, args)
-                else:
-                    ms = measure_subtransformer(g["sub"], space, settings).total_s * 1e3
+                ms = measure(g)
             lat = {"kind": "latency", "group": g["group"], "measured_ms": ms, "paused": stopped,
                    "runs": args.runs, "warmup": args.warmup}  # fmt: skip
             _write(results, lat)
@@ -574,8 +600,18 @@ def main(argv: list[str] | None = None) -> int:
         _write(results, rec)
         print(f"{j['name']}: {j['description']}: measured {j['measured_ms']:.1f} ms, "
               f"{fit['steps']} steps, BLEU {rec['bleu']:.2f}", flush=True)  # fmt: skip
+    # -- 3. every model's latency again, in interleaved rounds (drift and neighbours touch all) --
+    for k in range(args.remeasure):
+        for g in groups:
+            if recorded("remeasure", group=g["group"], round=k):
+                continue
+            with _paused(args.pause) as stopped:
+                ms = measure(g)
+            _write(results, {"kind": "remeasure", "group": g["group"], "round": k,
+                             "measured_ms": ms, "paused": stopped, "runs": args.runs,
+                             "warmup": args.warmup})  # fmt: skip
     results.close()
-    # -- 3. report ----------------------------------------------------------------------------
+    # -- 4. report ----------------------------------------------------------------------------
     report(out, args.test_split, args.beam)
     return 0
 

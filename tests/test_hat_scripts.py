@@ -86,6 +86,13 @@ def test_supernet_latency_and_search_scripts(tmp_path, bench_script):
     assert [r["name"] for r in anchors] == ["anchor-largest-s0", "anchor-smallest-s0"]
     assert all("bleu" in r["inherited"] and r["steps"] == 2 for r in anchors)
     assert "| anchor |" in (out / "table.md").read_text()
+    # --remeasure: every model's latency again in interleaved rounds; the table shows the median
+    assert script.main([*common, "--train-steps", "2", "--anchors", "--remeasure", "2",
+                        "--out", str(out)]) == 0  # fmt: skip
+    re = [r for r in _rows(out) if r["kind"] == "remeasure"]
+    groups = ["anchor-largest", "anchor-smallest", "hat-1e+06", "dense-0"]
+    assert [(r["group"], r["round"]) for r in re] == [(g, k) for k in (0, 1) for g in groups]
+    assert ", 3) |" in (out / "table.md").read_text()  # three measurements per model
     # Equal compute: each model timed (the other lane paused meanwhile), its steps = the budget
     # over its quiet step time; two seeds at the lowest limit; --only trains one job.
     lane = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
