@@ -74,12 +74,10 @@ k-means statistics O(T K d); no (T, T) tensor. ``clusters=None`` uses ``round(sq
 clusters (the paper's O(n^1.5 d) choice); ``cluster_window=None`` uses ``w = ceil(T / K)``; the
 released configs fix both (enwik8 8k: 16 x 512).
 
-Memory (what the backward keeps): both head types read q, k, v in place, as views of the one
-fused Q/K/V projection; the local heads take the strided path of
-:func:`~effiformer.attention.local.local_attention`, the routing heads where it applies the routed
-kernel :func:`effiformer.ops.routed.routed_flash_attention` (its docstring says what it keeps),
-elsewhere SDPA's autograd over gathered tiles; same mathematics on both paths
-(``tests/attention/test_routing.py`` compares them with full-tensor references).
+Memory: q, k, v are read in place (views of the fused projection); local heads take
+:func:`~effiformer.attention.local.local_attention`'s strided path, routing heads the routed
+kernel :func:`effiformer.ops.routed.routed_flash_attention` where it applies (else SDPA over
+gathered tiles; ``tests/attention/test_routing.py`` compares the paths with full references).
 """
 
 from __future__ import annotations

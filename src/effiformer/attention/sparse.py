@@ -63,19 +63,11 @@ log-sum-exp (:func:`tiled_attention`):
   are grouped (about sqrt(n/l) groups), each group dense against the summaries it sees whole
   and masked against its own.
 
-The calls read their rows as views of the natural (B, T, H, Dh) tensors wherever the strides
-allow, and their outputs and gradients are merged back onto such views in place. In the code
-``st`` is the stride l (ruff forbids the name ``l``).
-
-Each tile call runs a fused flash-attention kernel that also returns the row log-sum-exp
-(``aten._scaled_dot_product_flash_attention_for_cpu`` on CPU; a plain-matmul kernel elsewhere).
-The calls' outputs are merged exactly (softmax over the union of their keys); the backward pass
-hands each call's kernel the *merged* output and log-sum-exp, which makes its gradients the
-union softmax's, and sums them. Only q, k, v, the output and the log-sum-exp are kept for
-backward, so memory grows linearly in n and the work as O(n sqrt(n)) with l ~ sqrt(n).
-Nothing is compiled: FlexAttention (torch 2.13) has no backward on CPU, and the kernels are
-already fused. Layouts (tiles, masks, gather indices) are built in :meth:`SparseAttention.prepare`
-once per forward, and their padding-free parts are cached per shape.
+How the calls run (views, the exact log-sum-exp merge, what the backward keeps) is the kernel's:
+:mod:`effiformer.ops.tiled_sparse`. In the code ``st`` is the stride l (ruff forbids ``l``). Layouts (tiles, masks, gather indices) are built in
+:meth:`SparseAttention.prepare` once per forward; their padding-free parts are cached per shape.
+``impl="flex"`` (CUDA, or forward only on a CPU) runs the same pattern as FlexAttention block
+masks (:mod:`effiformer.ops.flex_patterns`).
 
 ``impl="dense"`` computes the same pattern as a dense boolean mask (:func:`pattern_mask`) with
 SDPA: the O(n^2) reference the tests compare the tiled path against.

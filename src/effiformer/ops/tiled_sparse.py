@@ -4,7 +4,10 @@ gathered in a :class:`SparsePlan`) runs call by call through a fused flash-atten
 also returns each row's log-sum-exp (:mod:`.flash_cpu` on CPU, plain matmuls elsewhere); the
 calls' outputs are merged exactly (a softmax over the union of their keys), and the backward hands
 each call's kernel the merged output and log-sum-exp and sums their gradients. Only q, k, v, the
-output and the log-sum-exp are kept for the backward. What the calls are -- the strided and fixed
+output and the log-sum-exp are kept for the backward, so memory grows linearly in the length (and
+the work as O(n sqrt(n)) with tiles of l ~ sqrt(n)). The calls read their rows as views of the
+natural (B, T, H, Dh) tensors wherever the strides allow, and their outputs and gradients are
+merged back onto such views in place. What the calls are -- the strided and fixed
 patterns, their head roles and summaries -- is the mechanism's
 (:func:`effiformer.attention.sparse.build_plan`); this module runs any plan of these call kinds.
 
