@@ -1,7 +1,7 @@
 """Lite Transformer's LSRA layer against dense self-attention, and its decoding latency.
 
 1. ``layer``: one self-attention layer, forward + backward (``effiformer bench --part attention``'s
-   workload: ``model.attention_part(x)`` on x (B, T, D) requiring grad, backward of ``.sum()``),
+   workload: the model's first attention layer on x (B, T, D) requiring grad, backward of ``.sum()``),
    timed interleaved in one process (every workload once per round, median of the rounds), at
    d 512, batch 1, 1,024 tokens by default:
 

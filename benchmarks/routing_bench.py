@@ -5,7 +5,7 @@ mmap threshold fixed, so that freed blocks go back to the system and the high-wa
 of live memory, not of the allocator's history).
 
 The workloads are the ``effiformer bench --part attention`` ones (same builders): our
-``routing-small`` first layer (``model.attention_part``: projections included; local blocks of
+``routing-small`` first layer (as the model calls it: projections included; local blocks of
 256), the bare ``sdpa`` reference row (no projections), and the
 ``routing-transformer`` reference row (:mod:`effiformer.bench.routing_references`, the ``bench``
 extra; skipped when it is not installed). Writes one JSON line per (workload, length) with the

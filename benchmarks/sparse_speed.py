@@ -6,7 +6,7 @@
 
 `effiformer bench` (benchmarks/sparse_bench.py) times each cell in its own process one after
 the other, so on a machine shared with other jobs a change of load between two cells shows up as
-a ratio. Here every workload (the same ones the harness builds: `model.attention_part(x)` of the
+a ratio. Here every workload (the same ones the harness builds: the first attention layer of the
 `sparse-bench-*` configurations and of `vanilla-small`, the bare `sdpa` row, the
 `local-attention` row) runs one forward+backward per round, in turn, for several rounds; each
 round gives a ratio against the `sdpa` step of the same round, and the report is the median ratio

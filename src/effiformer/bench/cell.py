@@ -49,6 +49,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -170,11 +171,122 @@ def bench_state(
     return state, {"model_state": "full_memory", "memory_lens": [length(e) for e in zeros]}
 
 
+class _Captured(Exception):
+    """Raised by the capturing hook: the forward stops at the first attention call."""
+
+
+class NoAttentionCall(ValueError):
+    """The model has no attention part, or its forward called none."""
+
+
+@dataclass
+class AttentionCall:
+    """One attention layer as the model calls it: ``module`` (the first
+    :class:`~effiformer.attention.base.AttentionPart` the model's forward called) with the
+    keyword arguments it got (mask, prepared positions, memory keys ...); ``x`` (B, T, D)
+    requiring grad replaces its hidden states. ``forward()`` -> the layer's output (B, T, D);
+    where the positions came from the part's ``prepare`` (once per forward in the model),
+    ``prepare`` runs it again in every call, so that its cost is counted as before."""
+
+    module: torch.nn.Module
+    x: torch.Tensor
+    args: tuple
+    kwargs: dict[str, Any]
+    info: dict[str, Any]
+
+    prepare: Callable[[], Any] | None = None
+
+    def forward(self) -> torch.Tensor:
+        kw = dict(self.kwargs)
+        if self.prepare is not None:  # the per-forward preparation, as the model runs it
+            kw["positions"] = self.prepare()
+        kv = kw.get("kv")
+        if self.info.get("kv_ends_with_x"):  # memory ++ segment: the segment is x
+            kw["kv"] = torch.cat([kv[:, : kv.shape[1] - self.x.shape[1]], self.x], dim=1)
+        return self.module(self.x, *self.args, **kw).out
+
+
+def capture_attention_call(
+    model: torch.nn.Module,
+    batch: int,
+    seq_len: int,
+    device: torch.device | str,
+    dtype: torch.dtype,
+) -> AttentionCall:
+    """The first attention call of one forward of ``model`` (training mode, random token ids of
+    ``seq_len``, the state of :func:`bench_state`: full memories), captured by forward pre-hooks
+    on every attention part; the forward stops there. Any model built on the attention interface
+    has one, whatever its structure (Funnel's relative positions, the Reformer's reversible
+    stack, XL's memory), with no per-model code. Where the keys are memory ++ segment (they end
+    with the captured hidden states) the new ``x`` takes the segment's place, so the backward
+    reaches ``x`` through the keys as in the model."""
+    from ..attention.base import AttentionPart
+
+    parts = [m for m in model.modules() if isinstance(m, AttentionPart)]
+    if not parts:
+        raise NoAttentionCall(f"{type(model).__name__} has no attention part")
+    got: dict[str, Any] = {}
+
+    def hook(module, args, kwargs):
+        got.update(module=module, args=args, kwargs=kwargs)
+        raise _Captured
+
+    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in parts]
+    prepared: list[tuple[Callable[[], Any], Any]] = []  # (how to redo it, what it returned)
+
+    def watch(m: torch.nn.Module) -> None:
+        bound = m.prepare
+
+        def prepare(ctx, shared):
+            out = bound(ctx, shared)
+            prepared.append((lambda: bound(ctx, shared), out))
+            return out
+
+        m.prepare = prepare  # an instance attribute shadows the method until deleted below
+
+    for m in parts:
+        watch(m)
+    g = torch.Generator(device=device).manual_seed(0)
+    vocab = model.config.vocab_size
+    ids = torch.randint(0, vocab, (batch, seq_len), device=device, generator=g)
+    state, info = bench_state(model, batch, torch.device(device), dtype, g)
+    try:
+        with torch.no_grad():
+            model(ids, targets=ids, **({} if state is None else {"state": state}))
+    except _Captured:
+        pass
+    finally:
+        for h in handles:
+            h.remove()
+        for m in parts:
+            del m.prepare
+    if not got:
+        raise NoAttentionCall(f"{type(model).__name__}'s forward called no attention part")
+    args, kwargs = got["args"], dict(got["kwargs"])
+    if args:
+        hidden, args = args[0], tuple(args[1:])
+    else:
+        hidden = kwargs.pop("x")
+    x = torch.randn(hidden.shape, device=hidden.device, dtype=hidden.dtype, generator=None)
+    x.requires_grad_()
+    kv = kwargs.get("kv")
+    ends = (
+        isinstance(kv, torch.Tensor)
+        and kv.shape[1] >= hidden.shape[1]
+        and torch.equal(kv[:, kv.shape[1] - hidden.shape[1] :], hidden)
+    )
+    redo = next((f for f, out in prepared if out is kwargs.get("positions") is not None), None)
+    info = {**info, "attention_module": type(got["module"]).__name__, "kv_ends_with_x": ends,
+            "prepare_per_call": redo is not None}  # fmt: skip
+    return AttentionCall(got["module"], x, args, kwargs, info, redo)
+
+
 def model_workload(model: torch.nn.Module, spec: CellSpec) -> Workload:
     """Whole model (``part="model"``: random token ids, ``targets = input_ids``, the loss plus
     auxiliary losses, with the state of :func:`bench_state`: full memories for memory models)
-    or one attention layer (``part="attention"``: ``model.attention_part(x)`` on x (B, T, D)
-    requiring grad, backward of ``.sum()``)."""
+    or one attention layer (``part="attention"``: the model's first attention part as the model
+    calls it, :func:`capture_attention_call`, on x (B, T, D) requiring grad, backward of
+    ``.sum()``)."""
     model.to(device=spec.device, dtype=spec.dtype).train()
     c = spec.config
     if spec.part == "model":
@@ -193,9 +305,8 @@ def model_workload(model: torch.nn.Module, spec: CellSpec) -> Workload:
 
         return Workload(forward=forward, module=model, info=info)
     if spec.part == "attention":
-        x = torch.randn(spec.batch, spec.seq_len, c.dim, device=spec.device, dtype=spec.dtype)
-        x.requires_grad_()  # (B, T, D)
-        return Workload(forward=lambda: model.attention_part(x), module=model, inputs=(x,))
+        call = capture_attention_call(model, spec.batch, spec.seq_len, spec.device, spec.dtype)
+        return Workload(forward=call.forward, module=model, inputs=(call.x,), info=call.info)
     raise ValueError(f"part must be 'model' or 'attention', got {spec.part!r}")
 
 

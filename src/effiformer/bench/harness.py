@@ -453,10 +453,11 @@ def _meta_model(name: str, overrides: dict[str, Any]) -> torch.nn.Module | None:
 
 
 def _has_attention_part(model: torch.nn.Module) -> bool:
-    from ..models.base import EffiModel
+    """Whether the model is built on the attention interface (``--part attention`` captures
+    its first attention call: :func:`~effiformer.bench.cell.capture_attention_call`)."""
+    from ..attention.base import AttentionPart
 
-    fn = getattr(type(model), "attention_part", None)
-    return fn is not None and fn is not EffiModel.attention_part
+    return any(isinstance(m, AttentionPart) for m in model.modules())
 
 
 # ---------------------------------------------------------------------------------- running
@@ -903,7 +904,9 @@ def _measure(c, common, env, limit, limit_why, meta_cache, timeout) -> dict[str,
     meta = meta_cache[key]
     params = sum(p.numel() for p in meta.parameters()) if meta is not None else None
     if ref is None and part == "attention" and meta is not None and not _has_attention_part(meta):
-        rec.update(status="skipped", reason=f"{type(meta).__name__} exposes no attention_part")
+        rec.update(status="skipped", reason=(
+            f"{type(meta).__name__} has no attention part (it does not use the attention "
+            "interface)"))  # fmt: skip
         return rec
     if ref is None and decoding and meta is not None and not is_encoder_decoder(meta):
         rec.update(status="skipped", reason=(

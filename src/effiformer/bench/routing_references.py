@@ -5,7 +5,7 @@ routing config, beside ``--part attention`` of our ``routing-*`` models.
 The workload is one ``routing_transformer.routing_transformer.SelfAttention`` layer (its local
 heads are ``local_attention.LocalAttention``, own window plus the previous one, causal; its
 routing heads ``KmeansAttention``) built from the cell's config exactly as our first layer
-resolves it (the block ``attention_part`` times): the same width, heads and head width, the same
+resolves it (the layer ``--part attention`` times): the same width, heads and head width, the same
 local/routing head split, the same local window (``local_attn_window_size = window``), the same
 clusters and tokens per cluster (``window_size = w``, ``max_seq_len = K * w`` so that it derives
 ``K`` clusters), the same causality, shared QK, decay and commitment, and no relative-position

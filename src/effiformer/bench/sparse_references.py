@@ -5,7 +5,7 @@
   the config) sliding-window attention in windows of ``window`` with look-back 1 (each query
   sees its own window and the one before it, the same l to 2l keys as a strided layer's first
   step), inside the same Q, K, V, O projections as our attention layer, so the row stands beside
-  ``model.attention_part(x)`` at the same shape. ``window`` is the model's
+  our ``--part attention`` row (the model's first layer) at the same shape. ``window`` is the model's
   ``attention.stride`` when its attention has one (a sparse layer), else 256. No rotary
   embedding (``dim`` not passed), ``autopad=True`` for lengths that are not multiples of the
   window.

@@ -78,7 +78,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=positive_int, default=1, help="batch size (default: 1)")
     p.add_argument(
         "--part", choices=["model", "attention", "both", "decoding", "quality"], default=None,
-        help="whole model, one attention layer (model.attention_part), both, decoding "
+        help="whole model, one attention layer (the model's first, as it calls it), both, decoding "
         "(encoder-decoder models: translate one sentence with beam search, HAT's latency), or "
         "quality (train every mechanism on the same tasks and score them: docs/quality.md) "
         "(default: model when names are given, both for the default set)",

@@ -247,17 +247,6 @@ class LayerStack(nn.Module):
 
         return checkpoint(fn, x, kv, use_reentrant=False)
 
-    def attention_part(self, x: Tensor, *, mask: AttentionMask, ctx: PrepareContext) -> Tensor:
-        """Block 0's attention alone on x (B, T, D) -> (B, T, D), over the full-length memory
-        the policy would hold (zeros), as ``bench --part attention`` measures it."""
-        block = self[0]
-        kv = None
-        if self.memory is not None:
-            full = self.memory.full_state([block], x.shape[0], x.shape[2], x.device, x.dtype)
-            kv = self.memory.keys(0, block, x, full[0])
-        positions = self._prepared(0, ctx, (x if kv is None else kv).shape[1], {})
-        return block.attn(x, kv=kv, mask=mask, positions=positions).out
-
 
 def _with_keys(ctx: PrepareContext, tk: int) -> PrepareContext:
     """``ctx`` for keys of another length (memory ++ segment): default positions."""

@@ -130,14 +130,6 @@ class EffiModel(nn.Module):
         """Initial explicit state for a stream of ``batch_size`` rows; ``None`` if stateless."""
         return None
 
-    def attention_part(self, x: Tensor) -> Tensor:
-        """Run one attention layer of this model on hidden states x (B, T, D) -> (B, T, D).
-
-        Used by ``effiformer bench --part attention``; models override it when their attention
-        needs positional inputs or state.
-        """
-        raise NotImplementedError(f"{type(self).__name__} does not expose an attention part")
-
     @torch.no_grad()
     def apply_updates(self, updates: dict[str, Tensor]) -> None:
         """Copy no-grad buffer updates (from ``ModelOutput.updates``) into this model's buffers."""

@@ -488,19 +488,6 @@ class FunnelModel(_FunnelBase):
             updates.update(prefix_keys(d_updates, "decoder."))
         return ModelOutput(hidden=hidden, aux=aux, updates=updates)
 
-    def attention_part(self, x: Tensor) -> Tensor:
-        st = _Structure(
-            self.config,
-            x.shape[1],
-            dtype=x.dtype,
-            device=x.device,
-            training=self.training,
-            token_types=None,
-            key_padding=None,
-        )
-        mask = AttentionMask()
-        return self.encoder.blocks[0].attention_part(x, mask=mask, ctx=st.self_context(mask))
-
 
 def _carried(out: ModelOutput, inner: ModelOutput, prefix: str) -> ModelOutput:
     """``out`` with ``inner``'s aux losses and updates, their names prefixed by ``prefix``."""
@@ -551,9 +538,6 @@ class FunnelForMaskedLM(_FunnelBase):
             self.check_targets(targets, input_ids)
             loss = lm_loss(logits, targets)
         return _carried(ModelOutput(logits=logits, loss=loss, hidden=h), inner, "funnel.")
-
-    def attention_part(self, x: Tensor) -> Tensor:
-        return self.funnel.attention_part(x)
 
     def sequence_classifier(self, n_labels: int) -> FunnelForSequenceClassification:
         """Encoder-only :class:`FunnelForSequenceClassification` with this model's pretrained

@@ -228,12 +228,6 @@ class ReformerLM(EffiModel):
             result.loss = lm_loss(result.logits, targets)
         return result
 
-    def attention_part(self, x: Tensor) -> Tensor:
-        mask = AttentionMask(causal=self.config.causal)
-        t = x.shape[1]
-        ctx = PrepareContext(tq=t, tk=t, mask=mask, device=x.device, dtype=x.dtype, training=True)
-        return self.blocks.attention_part(x, mask=mask, ctx=ctx)
-
 
 def build_reformer(config: ReformerConfig) -> ReformerLM:
     return ReformerLM(config)

@@ -541,13 +541,6 @@ class Seq2SeqTransformer(SourceChecks, EffiModel):
             batch_size=batch_size,
         )
 
-    def attention_part(self, x: Tensor) -> Tensor:
-        """The first encoder layer's self-attention on x (B, T, D) (``bench --part attention``)."""
-        mask = AttentionMask(causal=False)
-        t = x.shape[1]
-        ctx = PrepareContext(tq=t, tk=t, mask=mask, device=x.device, dtype=x.dtype, training=True)
-        return self.encoder.attention_part(x, mask=mask, ctx=ctx)
-
 
 def build_seq2seq(config: Seq2SeqConfig) -> Seq2SeqTransformer:
     return Seq2SeqTransformer(config)

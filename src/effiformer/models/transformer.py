@@ -328,12 +328,6 @@ class Transformer(EffiModel):
     def decoding_room(self, state: Any) -> int | None:
         return self.config.seq_len - getattr(state[0], "length", 0)
 
-    def attention_part(self, x: Tensor) -> Tensor:
-        mask = AttentionMask(causal=self.config.causal)
-        t = x.shape[1]
-        ctx = PrepareContext(tq=t, tk=t, mask=mask, device=x.device, dtype=x.dtype, training=True)
-        return self.blocks.attention_part(x, mask=mask, ctx=ctx)
-
 
 def _decodes(attn: nn.Module) -> bool:
     """Whether ``attn`` keeps an incremental-decoding state (overrides the base's refusal)."""

@@ -360,13 +360,6 @@ class TransformerXL(EffiModel):
         )
         return self.blocks[layer].attn.prepare(ctx, self.blocks.shared_for(layer))
 
-    def attention_part(self, x: Tensor) -> Tensor:
-        """Layer 0's attention on x (B, T, D) over a full memory (``mem_len`` zero states;
-        Compressive: ``cmem_len + mem_len``), as a segment in a stream sees it -> (B, T, D)."""
-        return self.blocks.attention_part(
-            x, mask=AttentionMask(causal=True), ctx=self._context(x, x.shape[1])
-        )
-
 
 def build_xl(config: XLConfig) -> TransformerXL:
     return TransformerXL(config)
