@@ -97,6 +97,7 @@ from effiformer.search.hat import (
     result_record,
     search_subtransformer,
     validation_batches,
+    validation_loss,
 )
 from effiformer.search.latency import LatencySettings, measure_subtransformer
 from effiformer.search.plots import plot_frontier
@@ -478,7 +479,26 @@ def main(argv: list[str] | None = None) -> int:
             groups.append({"group": f"anchor-{name}", "model": "anchor", "limit_ms": None,
                            "sub": sub.trimmed(), "description": sub.describe(),
                            "inherited": rec["inherited"]})  # fmt: skip
+    # One fitness per SubTransformer for every search of this call and of a resumed one (the
+    # searches under the two limits meet the same small SubTransformers): OUT/fitness.jsonl,
+    # keyed by the trimmed SubTransformer, the SuperTransformer checkpoint and the sentences.
+    fit_path = out / "fitness.jsonl"
+    where = {"super": str(meta.get("step", "")), "sentences": args.fitness_sentences}
+    fit_cache = {
+        r["sub"]: r["loss"]
+        for r in _read(fit_path)
+        if r.get("super") == where["super"] and r.get("sentences") == where["sentences"]
+    }
     batches = None
+
+    def fitness(sub: SubTransformer) -> float:
+        key = json.dumps(sub.trimmed().to_dict(), sort_keys=True)
+        if key not in fit_cache:
+            fit_cache[key] = validation_loss(supernet, sub, batches)
+            with fit_path.open("a") as f:
+                _write(f, {**where, "sub": key, "loss": fit_cache[key]})
+        return fit_cache[key]
+
     for limit in [] if args.dense_only else args.limits:
         saved = out / f"search_{limit:g}.json"
         if saved.is_file():  # searched before: its best SubTransformer
@@ -488,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
                 batches = validation_batches(task, "valid", sentences=args.fitness_sentences)
             t0 = time.monotonic()
             r = search_subtransformer(
-                supernet, predictor, limit, batches, population=args.population,
+                supernet, predictor, limit, fitness=fitness, population=args.population,
                 parents=args.parents, mutations=args.mutations, crossovers=args.crossovers,
                 iterations=args.iterations, seed=args.seed, progress=not args.quiet,
             )  # fmt: skip

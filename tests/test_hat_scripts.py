@@ -71,6 +71,11 @@ def test_supernet_latency_and_search_scripts(tmp_path, bench_script):
     assert all(r["measured_ms"] > 0 and "bleu" in r and r["steps"] == 2 for r in trained)
     assert trained[0]["inherited"] == rows[1]["inherited"]
     assert (out / "bleu_vs_latency.png").is_file()
+    # one fitness per distinct SubTransformer, kept for the other limits and for a resume
+    fits = [json.loads(x) for x in (out / "fitness.jsonl").read_text().splitlines()]
+    assert fits and len({f["sub"] for f in fits}) == len(fits)
+    search = json.loads((out / "search_1e+06.json").read_text())
+    assert len(fits) == len(search["evaluated"])
     table = (out / "table.md").read_text()
     assert "| hat | 1000000.0 |" in table and "| dense | - |" in table
     # Rerun of the same folder with the inherited-vs-scratch anchors: what was recorded is not
