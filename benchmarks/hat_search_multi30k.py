@@ -38,7 +38,8 @@ trained on this machine (``benchmarks/hat_latency_multi30k.py``). The work is a 
 3. ``--remeasure K``: every model's latency measured again, in K rounds of one model after
    another (a drift or a noisy neighbour touches all models alike); the report's latency is the
    median of every measurement of a model, with its range.
-4. report: ``OUT/table.md`` and ``OUT/bleu_vs_latency.png`` from every record so far.
+4. report: ``OUT/table.md``, ``OUT/bleu_vs_latency.png`` and ``OUT/search.png`` from every
+   record so far.
 
 Jobs are named ``hat-<limit>-s<seed>``, ``dense-<limit>-s<seed>`` (``dense-<i>-s<seed>`` for
 explicit override sets) and ``anchor-largest-s0`` / ``anchor-smallest-s0``.
@@ -58,8 +59,10 @@ interrupted mid-training resumes from its folder's checkpoint, written every 250
         --test-sentences 10 --runs 2 --warmup 0 --dense decoder_layers=1 --out /tmp/hat-search
 
 Writes ``OUT/results.jsonl`` (environment, searches, measurements, trained models with their BLEU
-and measured latency), ``OUT/search_<limit>.json``, ``OUT/plan.json``, ``OUT/timing.json``,
-``OUT/table.md`` and ``OUT/bleu_vs_latency.png``.
+and measured latency), ``OUT/search_<limit>.json``, ``OUT/fitness.jsonl``, ``OUT/plan.json``,
+``OUT/timing.json``,
+``OUT/table.md``, ``OUT/bleu_vs_latency.png`` and ``OUT/search.png`` (every candidate each
+search scored: predicted latency against inherited validation loss).
 
 The parallel text is read from ``multi30k/`` under the data folder: ``--data DIR``, else
 ``$EFFIFORMER_DATA``, else ``../shared/data`` beside the checkout (``--data`` may also name the
@@ -355,6 +358,20 @@ def report(out: Path, test_split: str = "test_2016_flickr", beam: int = 5) -> st
                       ylabel=f"test BLEU ({test_split}, beam {beam})",
                       title="Multi30k En->De: HAT vs scaled dense Transformers",
                       limits=plan.get("limits", []))  # fmt: skip
+    clouds = []
+    for limit in plan.get("limits", []):
+        path = out / f"search_{limit:g}.json"
+        if path.is_file():
+            rec = json.loads(path.read_text())
+            ev = rec.get("evaluated") or []
+            clouds.append({"label": f"candidates, limit {limit:g} ms", "x": [e[0] for e in ev],
+                           "y": [e[1] for e in ev], "style": "o", "size": 6, "alpha": 0.4})  # fmt: skip
+            clouds.append({"label": f"chosen, limit {limit:g} ms",
+                           "x": [rec["best_predicted_ms"]], "y": [rec["best_fitness"]],
+                           "style": "*", "size": 160})  # fmt: skip
+    if clouds:
+        plot_frontier(clouds, out / "search.png", limits=plan.get("limits", []),
+                      title="HAT's evolution on this CPU's predictor")  # fmt: skip
     return table
 
 

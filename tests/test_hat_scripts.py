@@ -70,7 +70,7 @@ def test_supernet_latency_and_search_scripts(tmp_path, bench_script):
     assert [r["name"] for r in trained] == ["hat-1e+06-s0", "dense-0-s0"]
     assert all(r["measured_ms"] > 0 and "bleu" in r and r["steps"] == 2 for r in trained)
     assert trained[0]["inherited"] == rows[1]["inherited"]
-    assert (out / "bleu_vs_latency.png").is_file()
+    assert (out / "bleu_vs_latency.png").is_file() and (out / "search.png").is_file()
     # one fitness per distinct SubTransformer, kept for the other limits and for a resume
     fits = [json.loads(x) for x in (out / "fitness.jsonl").read_text().splitlines()]
     assert fits and len({f["sub"] for f in fits}) == len(fits)
