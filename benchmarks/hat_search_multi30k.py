@@ -35,8 +35,8 @@ trained on this machine (``benchmarks/hat_latency_multi30k.py``). The work is a 
    steps capped to a quarter of the run, label smoothing 0.1, 4096-token batches), then test
    BLEU (sacreBLEU on ``test_2016_flickr``, beam 5, lenpen 1). ``--smallest-seeds K``: the jobs
    at the lowest limit (the two smallest models) are trained with seeds 0..K-1.
-3. ``--remeasure K``: every model's latency measured again, in K rounds of one model after
-   another (a drift or a noisy neighbour touches all models alike); the report's latency is the
+3. ``--remeasure K`` (with ``--no-train``: nothing trained by this call): every model's
+   latency measured again, in K rounds of one model after another (a drift or a noisy neighbour touches all models alike); the report's latency is the
    median of every measurement of a model, with its range.
 4. report: ``OUT/table.md``, ``OUT/bleu_vs_latency.png`` and ``OUT/search.png`` from every
    record so far.
@@ -418,6 +418,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", nargs="+", metavar="JOB", help="train only these jobs (names: "
                    "see OUT/plan.json)")  # fmt: skip
     p.add_argument("--plan-only", action="store_true", help="plan, measure and time; no training")
+    p.add_argument("--no-train", action="store_true",
+                   help="train nothing: --remeasure and the report only (jobs not trained yet "
+                   "are listed as such)")  # fmt: skip
     p.add_argument("--dense-only", action="store_true",
                    help="plan and train the dense baselines only (no search, no anchors): a lane "
                    "that starts while the SuperTransformer still trains")  # fmt: skip
@@ -627,7 +630,9 @@ def main(argv: list[str] | None = None) -> int:
     # -- 2. train -----------------------------------------------------------------------------
     by_group = {g["group"]: g for g in groups}
     for j in jobs:
-        if (args.only and j["name"] not in args.only) or recorded("trained", name=j["name"]):
+        if args.no_train or (args.only and j["name"] not in args.only):
+            continue
+        if recorded("trained", name=j["name"]):
             continue
         g = by_group[j["group"]]
         model = make(g, j["seed"])

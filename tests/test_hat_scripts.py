@@ -92,8 +92,10 @@ def test_supernet_latency_and_search_scripts(tmp_path, bench_script):
     assert all("bleu" in r["inherited"] and r["steps"] == 2 for r in anchors)
     assert "| anchor |" in (out / "table.md").read_text()
     # --remeasure: every model's latency again in interleaved rounds; the table shows the median
+    n_before = len(_rows(out))
     assert script.main([*common, "--train-steps", "2", "--anchors", "--remeasure", "2",
-                        "--out", str(out)]) == 0  # fmt: skip
+                        "--no-train", "--out", str(out)]) == 0  # fmt: skip
+    assert {r["kind"] for r in _rows(out)[n_before:]} == {"environment", "remeasure"}
     re = [r for r in _rows(out) if r["kind"] == "remeasure"]
     groups = ["anchor-largest", "anchor-smallest", "hat-1e+06", "dense-0"]
     assert [(r["group"], r["round"]) for r in re] == [(g, k) for k in (0, 1) for g in groups]
