@@ -61,8 +61,9 @@ interrupted mid-training resumes from its folder's checkpoint, written every 250
 Writes ``OUT/results.jsonl`` (environment, searches, measurements, trained models with their BLEU
 and measured latency), ``OUT/search_<limit>.json``, ``OUT/fitness.jsonl``, ``OUT/plan.json``,
 ``OUT/timing.json``,
-``OUT/table.md``, ``OUT/bleu_vs_latency.png`` and ``OUT/search.png`` (every candidate each
-search scored: predicted latency against inherited validation loss).
+``OUT/table.md``, ``OUT/bleu_vs_latency.png``, ``OUT/search.png`` (every candidate each
+search scored: predicted latency against inherited validation loss) and ``OUT/loss_vs_time.png``
+(each model's training loss against the quiet compute it had spent).
 
 The parallel text is read from ``multi30k/`` under the data folder: ``--data DIR``, else
 ``$EFFIFORMER_DATA``, else ``../shared/data`` beside the checkout (``--data`` may also name the
@@ -358,6 +359,21 @@ def report(out: Path, test_split: str = "test_2016_flickr", beam: int = 5) -> st
                       ylabel=f"test BLEU ({test_split}, beam {beam})",
                       title="Multi30k En->De: HAT vs scaled dense Transformers",
                       limits=plan.get("limits", []))  # fmt: skip
+    curves = []  # training loss against the quiet compute spent: who learns faster per second
+    for r in sorted(trained, key=lambda r: r["name"]):
+        log = _read(out / r["name"] / "metrics.jsonl")
+        pts = [(x["step"], x["loss"]) for x in log if "loss" in x and "step" in x]
+        if pts and r.get("step_s"):
+            k = 4  # a moving average over 4 logged points (100 steps)
+            ys = [statistics.fmean(y for _, y in pts[max(0, i - k + 1) : i + 1])
+                  for i in range(len(pts))]  # fmt: skip
+            curves.append({"label": f"{r['name']} ({r['model']})", "style": "-",
+                           "x": [st * r["step_s"] / 60 for st, _ in pts], "y": ys})  # fmt: skip
+    if curves:
+        plot_frontier(curves, out / "loss_vs_time.png",
+                      xlabel="quiet compute spent (minutes: steps x quiet s/step)",
+                      ylabel="training loss (label-smoothed, moving average)",
+                      title="Multi30k En->De from scratch, equal compute")  # fmt: skip
     clouds = []
     for limit in plan.get("limits", []):
         path = out / f"search_{limit:g}.json"

@@ -70,7 +70,8 @@ def test_supernet_latency_and_search_scripts(tmp_path, bench_script):
     assert [r["name"] for r in trained] == ["hat-1e+06-s0", "dense-0-s0"]
     assert all(r["measured_ms"] > 0 and "bleu" in r and r["steps"] == 2 for r in trained)
     assert trained[0]["inherited"] == rows[1]["inherited"]
-    assert (out / "bleu_vs_latency.png").is_file() and (out / "search.png").is_file()
+    for png in ("bleu_vs_latency.png", "search.png"):
+        assert (out / png).is_file()
     # one fitness per distinct SubTransformer, kept for the other limits and for a resume
     fits = [json.loads(x) for x in (out / "fitness.jsonl").read_text().splitlines()]
     assert fits and len({f["sub"] for f in fits}) == len(fits)
@@ -123,6 +124,7 @@ def test_supernet_latency_and_search_scripts(tmp_path, bench_script):
         assert [r["name"] for r in done] == ["hat-1e+06-s1"] and done[0]["seed"] == 1
         assert done[0]["steps"] == plan["jobs"][1]["steps"]
         assert "Not trained yet: hat-1e+06-s0, dense-0-s0." in (eq / "table.md").read_text()
+        assert (eq / "loss_vs_time.png").is_file()  # the trained job's curve (it has a step_s)
         with pytest.raises(SystemExit):
             script.main([*argv, "--only", "hat-7-s0"])
         # --dense-only: no search (a lane that starts before the SuperTransformer is trained)
