@@ -271,6 +271,11 @@ def _spread(values: list[float]) -> str:
     return f"{statistics.fmean(values):.2f} ± {(max(values) - min(values)) / 2:.2f}"
 
 
+def _md(text: str) -> str:
+    """Text for a markdown table cell (a SubTransformer's description holds ``|``)."""
+    return text.replace("|", "\\|")
+
+
 def _num(x: float | None, digits: int) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
@@ -312,17 +317,36 @@ def report(out: Path, test_split: str = "test_2016_flickr", beam: int = 5) -> st
         "steps | s/step (quiet) | seeds | test BLEU | inherited BLEU |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for _, rs in sorted(groups.items(), key=lambda kv: (kv[1][0]["model"] != "anchor",
-                                                            kv[1][0]["model"], kv[0])):  # fmt: skip
+    order = {"hat": 0, "dense": 1, "anchor": 2}
+    for _, rs in sorted(groups.items(), key=lambda kv: (order.get(kv[1][0]["model"], 3),
+                                                        kv[1][0].get("limit_ms") or 0, kv[0])):  # fmt: skip
         r = rs[0]
-        inherited = r.get("inherited") or (searches.get(r.get("limit_ms")) or {}).get("inherited")
+        inherited = None
+        if r["model"] != "dense":  # a SubTransformer: its inherited weights were scored too
+            inherited = r.get("inherited") or (searches.get(r.get("limit_ms")) or {}).get(
+                "inherited"
+            )
         cells = [
-            r["model"], r.get("limit_ms") or "-", r["description"], f"{r['params'] / 1e6:.2f}",
+            r["model"], r.get("limit_ms") or "-", _md(r["description"]), f"{r['params'] / 1e6:.2f}",
             latency_cell(r), _num(r.get("predicted_ms"), 1),
             "/".join(str(x["steps"]) for x in rs), _num(r.get("step_s"), 3), len(rs),
             _spread([x["bleu"] for x in rs]), _num((inherited or {}).get("bleu"), 2),
         ]  # fmt: skip
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    # every SubTransformer scored with the SuperTransformer's weights (trained or not)
+    inherited_rows, seen = [], set()
+    for j in jobs.values():
+        if j.get("inherited") and j["group"] not in seen:
+            seen.add(j["group"])
+            inherited_rows.append(
+                f"| {j['group']} | {_md(j['description'])} | {latency_cell(j)} | "
+                f"{j['inherited']['bleu']:.2f} |"
+            )
+    if inherited_rows:
+        lines += ["", "SubTransformers with inherited weights (no training of their own; the "
+                  "SuperTransformer's), the same test set and beam:", "",
+                  "| SubTransformer | architecture | measured (ms) | inherited test BLEU |",
+                  "|---|---|---|---|", *inherited_rows]  # fmt: skip
     missing = [n for n in jobs if not any(r["name"] == n for r in trained)]
     if missing:
         lines += ["", f"Not trained yet: {', '.join(missing)}."]
