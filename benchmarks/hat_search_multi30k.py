@@ -370,12 +370,14 @@ def report(out: Path, test_split: str = "test_2016_flickr", beam: int = 5) -> st
         x, y = points(model)
         if x:
             series.append({"label": label, "x": x, "y": y, "style": style, "size": size})
-    inh = [(latency(r), (r.get("inherited") or searches.get(r.get("limit_ms"), {}).get(
-        "inherited") or {}).get("bleu")) for rs in groups.values() for r in rs[:1]
-        if r["model"] in ("hat", "anchor")]  # fmt: skip
-    inh = [(x, y) for x, y in inh if y is not None]
+    # every SubTransformer scored with inherited weights (the winners and the anchors)
+    inh, seen = [], set()
+    for j in jobs.values():
+        if j.get("inherited") and j["group"] not in seen:
+            seen.add(j["group"])
+            inh.append((latency(j), j["inherited"]["bleu"]))
     if inh:
-        series.append({"label": "the same, inherited weights", "x": [x for x, _ in inh],
+        series.append({"label": "SubTransformers, inherited weights", "x": [x for x, _ in inh],
                        "y": [y for _, y in inh], "style": "+", "size": 60})  # fmt: skip
     if series:
         plot_frontier(series, out / "bleu_vs_latency.png",
