@@ -168,7 +168,8 @@ def _config(args, steps: int, seed: int, out_dir: Path | None, time_budget: floa
         steps=steps, optimizer="adam", lr=1e-3, betas=(0.9, 0.98), eps=1e-8,
         weight_decay=0.0, warmup=_warmup_for(steps), schedule="inverse_sqrt", clip=None,
         seed=seed, device="cpu", time_budget=time_budget, eval_every=None,
-        out_dir=None if out_dir is None else str(out_dir), log_every=1 if out_dir is None else 25,
+        out_dir=None if out_dir is None else str(out_dir),
+        log_every=1 if out_dir is None else max(1, min(25, steps // 10)),  # short runs: often
         progress=not args.quiet and out_dir is not None,
         checkpoint_every=None if out_dir is None else 250,
         resume=str(out_dir) if resume else None,
