@@ -90,7 +90,7 @@ import torch
 from effiformer import create_model
 from effiformer.bench.decoding import decoding_latency
 from effiformer.bench.harness import environment
-from effiformer.bench.quality import allocate_steps
+from effiformer.bench.quality import NoEval, allocate_steps
 from effiformer.checkpoint import LATEST
 from effiformer.config import parse_overrides
 from effiformer.data import ParallelData
@@ -190,19 +190,6 @@ def _train(model, task: TranslationTask, args, out_dir: Path, steps: int | None,
             "last_loss": history.losses[-1] if history.losses else None}  # fmt: skip
 
 
-class _NoEval:
-    """The task without its evaluation (a timing trains, and the trainer evaluates at the end)."""
-
-    def __init__(self, task) -> None:
-        self._task = task
-
-    def __getattr__(self, name):
-        return getattr(self._task, name)
-
-    def evaluate(self, model, split="valid", **kw):
-        return {"timing_only": float("nan")}
-
-
 #: training steps a timing runs, and how many of its first it leaves out
 TIMING_SKIP = 4
 
@@ -212,7 +199,7 @@ def _time_steps(model, task: TranslationTask, args) -> dict:
     ``--timing-steps`` steps after the first ``TIMING_SKIP`` (a mean, not a median: batches
     differ in length, and the budget is a sum of steps)."""
     cfg = _config(args, args.timing_steps + TIMING_SKIP, args.seed, None, None)
-    history = train(model, _NoEval(task), cfg)
+    history = train(model, NoEval(task), cfg)
     times = [r["step_s"] for r in history.train if "step_s" in r][TIMING_SKIP:]
     return {"step_s": statistics.fmean(times), "steps_timed": len(times),
             "spread_s": statistics.pstdev(times), "loadavg": list(os.getloadavg()),

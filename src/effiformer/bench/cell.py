@@ -193,7 +193,6 @@ class AttentionCall:
     args: tuple
     kwargs: dict[str, Any]
     info: dict[str, Any]
-
     prepare: Callable[[], Any] | None = None
 
     def forward(self) -> torch.Tensor:
@@ -267,7 +266,7 @@ def capture_attention_call(
         hidden, args = args[0], tuple(args[1:])
     else:
         hidden = kwargs.pop("x")
-    x = torch.randn(hidden.shape, device=hidden.device, dtype=hidden.dtype, generator=None)
+    x = torch.randn(hidden.shape, device=hidden.device, dtype=hidden.dtype)
     x.requires_grad_()
     kv = kwargs.get("kv")
     ends = (

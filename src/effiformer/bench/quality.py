@@ -616,7 +616,7 @@ TIMING_STEPS, TIMING_SKIP = 12, 4
 TIMING_METRIC = "timing_only"
 
 
-class _NoEval:
+class NoEval:
     """A task whose ``evaluate`` returns nothing measured: a timing cell's trainer then spends
     its time on training steps only (the trainer evaluates at the end of every run)."""
 
@@ -645,7 +645,7 @@ def run_quality_timing(cell: dict[str, Any]) -> dict[str, Any]:
         out_dir=None, progress=False, log_every=1,
     )  # fmt: skip
     model.to(cell["device"])
-    history = train(model, _NoEval(task), config)
+    history = train(model, NoEval(task), config)
     times = [r["step_s"] for r in history.train if "step_s" in r][TIMING_SKIP:]
     return {
         "step_s": statistics.median(times),
