@@ -78,11 +78,9 @@ import dataclasses
 import json
 import math
 import os
-import signal
 import statistics
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -113,6 +111,7 @@ from effiformer.train import TrainConfig, train
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _data  # noqa: E402  (benchmarks/_data.py: where the data sets are)
+from _quiet import paused  # noqa: E402  (benchmarks/_quiet.py: SIGSTOP the lanes while timing)
 
 # ../shared/data beside the checkout; EFFIFORMER_DATA or --data DIR overrides.
 DATA = _data.data_root()
@@ -122,39 +121,6 @@ DENSE = ["decoder_layers=1", "decoder_layers=2", "n_layers=2 decoder_layers=2 di
 def _write(f, rec: dict) -> None:
     f.write(json.dumps(rec) + "\n")
     f.flush()
-
-
-@contextmanager
-def _paused(pids: list[int]):
-    """Stop ``pids`` (SIGSTOP) for the block and continue them after (SIGCONT), also when the
-    block fails or this process is terminated: a measurement on a quiet machine beside a
-    training lane. Processes that no longer exist are left out."""
-    stopped = []
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGSTOP)
-            stopped.append(pid)
-        except ProcessLookupError:
-            print(f"--pause: no process {pid}; measuring without pausing it", file=sys.stderr)
-    previous = signal.getsignal(signal.SIGTERM)
-
-    def _term(signum, frame):  # continue the lanes before dying
-        raise SystemExit(128 + signum)
-
-    if stopped:
-        signal.signal(signal.SIGTERM, _term)
-    try:
-        if stopped:
-            time.sleep(1.0)  # let the stopped processes leave the cores and caches
-        yield stopped
-    finally:
-        for pid in stopped:
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-        if stopped:
-            signal.signal(signal.SIGTERM, previous)
 
 
 def _warmup_for(steps: int) -> int:
@@ -581,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dense == ["auto"]:
         grid = recorded("dense_grid")
         if grid is None:
-            with _paused(args.pause):
+            with paused(args.pause):
                 picked = _dense_for_limits(args.limits, vocab, args, results)
         else:
             picked = _dense_for_limits(args.limits, vocab, args, results, grid["measured"])
@@ -614,7 +580,7 @@ def main(argv: list[str] | None = None) -> int:
     for g in groups:
         lat = recorded("latency", group=g["group"])
         if lat is None:
-            with _paused(args.pause) as stopped:
+            with paused(args.pause) as stopped:
                 ms = measure(g)
             lat = {"kind": "latency", "group": g["group"], "measured_ms": ms, "paused": stopped,
                    "runs": args.runs, "warmup": args.warmup}  # fmt: skip
@@ -622,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
         g["measured_ms"] = lat["measured_ms"]
         if args.equal_compute is not None:
             if g["group"] not in timing:
-                with _paused(args.pause) as stopped:
+                with paused(args.pause) as stopped:
                     timing[g["group"]] = {**_time_steps(make(g, args.seed), task, args),
                                           "paused": stopped}  # fmt: skip
                 timing_path.write_text(json.dumps(timing, indent=2) + "\n")
@@ -677,7 +643,7 @@ def main(argv: list[str] | None = None) -> int:
         for g in groups:
             if recorded("remeasure", group=g["group"], round=k):
                 continue
-            with _paused(args.pause) as stopped:
+            with paused(args.pause) as stopped:
                 ms = measure(g)
             _write(results, {"kind": "remeasure", "group": g["group"], "round": k,
                              "measured_ms": ms, "paused": stopped, "runs": args.runs,

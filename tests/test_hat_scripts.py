@@ -164,7 +164,8 @@ def _state(pid: int) -> str:
 def test_beyond_script(tmp_path, bench_script):
     out = tmp_path / "beyond"
     assert bench_script("hat_beyond").main([
-        "--model", "vanilla-tiny", "--choices", "attention.window=16,32", "n_layers=1,2",
+        "--family", "local", "--model", "vanilla-tiny", "--choices", "attention.window=16,32",
+        "n_layers=1,2",
         "--seq-len", "64", "--n", "12", "--runs", "1", "--warmup", "0", "--steps", "30",
         "--population", "5", "--iterations", "2", "--limits", "1e6", "--out", str(out),
     ]) == 0  # fmt: skip
