@@ -2,8 +2,12 @@
 supernet / latency / search chain takes seconds, the others are marked slow)."""
 
 import json
+import math
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -182,3 +186,85 @@ def test_predictor_released_script(tmp_path, bench_script):
     ]) == 0  # fmt: skip
     rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert rows[1]["device"] == "xeon" and rows[1]["split"] == [1600, 200, 200]
+
+
+def test_paused_stops_a_whole_process_group_and_continues_it(bench_script):
+    """A lane whose cells run in child processes: the group stops, then continues; this
+    process's own group is never stopped."""
+    bench_script("_data")  # puts benchmarks/ on sys.path for the helper modules
+    quiet = bench_script("_quiet")
+    code = (
+        "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+        "'import time; time.sleep(60)']); time.sleep(60)"
+    )
+    lane = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        for _ in range(100):  # the child is up
+            kids = Path(f"/proc/{lane.pid}/task/{lane.pid}/children").read_text().split()
+            if kids:
+                break
+            time.sleep(0.05)
+        child = int(kids[0])
+        with quiet.paused([lane.pid], group=True) as stopped:
+            assert stopped == [lane.pid]  # the session leader's group
+            assert _state(lane.pid) == "T" and _state(child) == "T"
+        assert _state(lane.pid) != "T" and _state(child) != "T"
+        with quiet.paused([os.getpid()], group=True) as stopped:
+            assert stopped == []  # its own group: left running
+    finally:
+        os.killpg(lane.pid, signal.SIGKILL)
+        lane.wait()
+
+
+def test_beyond_sparse_family_quality_at_equal_compute(tmp_path, bench_script, shared_data):
+    """The sparse family: a limit named by a quality row (the row's model measured here), the
+    chosen configuration trained on the row's task for steps(row) * step(row) / step(chosen),
+    the table with both; a rerun skips what is recorded."""
+    shared_data("ptb")
+    src = tmp_path / "quality"
+    src.mkdir()
+    (src / "quality.json").write_text(json.dumps({"budget": {"name": "smoke"}}))
+    refs = [{"task": "lm-ptb", "mechanism": m, "length": 64, "status": "ok", "lr": 3e-3,
+             "steps": n, "valid": v, "test": v + 0.1}
+            for m, n, v in (("sparse-strided", 6, 5.0), ("dense", 4, 4.0))]  # fmt: skip
+    (src / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in refs))
+    out = tmp_path / "beyond"
+    argv = ["--family", "sparse", "--budget", "smoke", "--seq-len", "64", "--n", "10",
+            "--runs", "1", "--warmup", "0", "--steps", "20", "--population", "5",
+            "--iterations", "1", "--choices", "attention.stride=8,16", "attention.pattern=strided,fixed",
+        "attention.summary=2,4", "n_layers=1,2",
+            "--limits", "1e6", "dense", "--quality-from", str(src),
+            "--data", str(shared_data.root), "--out", str(out)]  # fmt: skip
+    script = bench_script("hat_beyond")
+    assert script.main(argv) == 0
+    rows = _rows(out)
+    (dense_ref,) = [r for r in rows if r["kind"] == "reference"]
+    assert dense_ref["row"] == "dense" and dense_ref["measured_ms"] > 0
+    searches = {r["limit"]: r for r in rows if r["kind"] == "search"}
+    infeasible = {r["limit"] for r in rows if r["kind"] == "infeasible"}
+    assert "1e6" in searches and set(searches) | infeasible == {"1e6", "dense"}
+    assert set(searches["1e6"]["best"]) == {
+        "attention.stride",
+        "attention.pattern",
+        "attention.summary",
+        "n_layers",
+    }
+    timings = {r["limit"]: r for r in rows if r["kind"] == "timing"}
+    quality = {r["limit"]: r for r in rows if r["kind"] == "quality"}
+    assert set(timings) == set(quality) == set(searches)
+    for limit, q in quality.items():
+        row = "sparse-strided" if limit == "1e6" else "dense"  # a number: the family's row
+        t = timings[limit]
+        assert q["row"] == t["row"] == row
+        ref_steps = 6 if row == "sparse-strided" else 4
+        ratio = t["reference"]["step_s"] / t["chosen"]["step_s"]
+        assert q["steps"] == max(1, math.floor(ref_steps * ratio)) and q["steps_done"] == q["steps"]
+        assert q["reference_valid"] == [5.0 if row == "sparse-strided" else 4.0]
+        assert math.isfinite(q["valid"]) and math.isfinite(q["test"])
+        assert q["best"] == searches[limit]["best"]
+    table = (out / "table.md").read_text()
+    assert "| 1e6 | searched |" in table and "| 1e6 | sparse-strided (the table's row) |" in table
+    # a rerun measures and trains nothing again
+    assert script.main(argv) == 0
+    again = _rows(out)[len(rows) :]
+    assert not {r["kind"] for r in again} & {"search", "reference", "timing", "quality"}
