@@ -141,7 +141,7 @@ def _family(args) -> tuple[FamilySpace, str]:
     choices = parse_choices(model, args.choices or SPARSE_CHOICES, parse_base)
     for key in choices:  # a searched plain key leaves the fixed ones; attention.* keys refine
         fixed.pop(key, None)
-    title = f"Sparse Transformer LM ({args.budget} {SPARSE_ROW} row's model)"
+    title = "Sparse Transformer LM"
     return FamilySpace.create(model, choices, fixed), title
 
 
@@ -253,7 +253,8 @@ def _table(out: Path, rows: list[dict[str, Any]], space: FamilySpace) -> None:
             def ms(xs):
                 if len(xs) == 1:
                     return f"{xs[0]:.3f} (1)"
-                return f"{statistics.mean(xs):.3f} ± {statistics.stdev(xs):.3f} ({len(xs)})"
+                half = (max(xs) - min(xs)) / 2  # the half-range, as the long-context table
+                return f"{statistics.mean(xs):.3f} ± {half:.3f} ({len(xs)})"
 
             r0 = rs[0]
             lines.append(f"| {lim} | searched | {r0['steps']:,} | {ms(v)} | {ms(t)} |")
