@@ -304,6 +304,13 @@ def main(argv: list[str] | None = None) -> int:
         help="a quality run at T: train each chosen configuration like its cells",
     )
     p.add_argument("--quality-seeds", type=int, default=1)
+    p.add_argument(
+        "--quality-limits",
+        nargs="+",
+        default=None,
+        metavar="LIMIT",
+        help="the limits whose chosen configuration is trained (default: all)",
+    )
     p.add_argument("--out", required=True)
     _data.add_data_flag(p)
     args = p.parse_args(argv)
@@ -325,6 +332,9 @@ def main(argv: list[str] | None = None) -> int:
             if not (Path(args.quality_from) / "quality.json").is_file():
                 p.error(f"--quality-from {args.quality_from}: no quality.json (not a quality run)")
             _data.require(__file__, args.data, LM_DATA[args.task][0])
+        odd = set(args.quality_limits or ()) - set(args.limits)
+        if odd:
+            p.error(f"--quality-limits {sorted(odd)} are not among --limits {args.limits}")
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -440,7 +450,8 @@ def main(argv: list[str] | None = None) -> int:
                        "y": [s["best_fitness"]], "style": "*", "size": 160})  # fmt: skip
     plot_frontier(series, out / "search.png", ylabel=ylabel, limits=limits_ms, title=title)
     if args.quality_from:
-        for limit in (x for x in args.limits if f"search@{x}" in done):
+        trained = args.limits if args.quality_limits is None else args.quality_limits
+        for limit in (x for x in args.limits if f"search@{x}" in done and x in trained):
             _quality(args, out, results, done, done[f"search@{limit}"], space)
     results.close()
     _table(out, _read(out / "results.jsonl"), space)

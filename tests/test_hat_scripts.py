@@ -268,3 +268,28 @@ def test_beyond_sparse_family_quality_at_equal_compute(tmp_path, bench_script, s
     assert script.main(argv) == 0
     again = _rows(out)[len(rows) :]
     assert not {r["kind"] for r in again} & {"search", "reference", "timing", "quality"}
+
+
+@pytest.mark.parametrize(
+    "extra, says",
+    [
+        (["--limits", "sparse-stridd"], "unknown limit(s) ['sparse-stridd']"),
+        (["--family", "local", "--limits", "dense"], "need --family sparse"),
+        (["--limits", "1e6", "--quality-from", "NOWHERE"], "no quality.json"),
+        (["--limits", "dense", "--quality-limits", "1e6"], "are not among --limits"),
+    ],
+)
+def test_beyond_bad_input_is_one_line_before_any_work(extra, says, tmp_path, capsys,
+                                                      bench_script, shared_data):  # fmt: skip
+    if "--quality-limits" in extra:  # a quality run's folder and its data, to reach that check
+        shared_data("ptb")
+        extra = [*extra, "--data", str(shared_data.root)]
+        (tmp_path / "q").mkdir()
+        (tmp_path / "q" / "quality.json").write_text("{}")
+        extra = [*extra, "--quality-from", str(tmp_path / "q")]
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as e:
+        bench_script("hat_beyond").main([*extra, "--out", str(out)])
+    assert e.value.code == 2
+    assert says in capsys.readouterr().err
+    assert not out.exists()  # nothing measured, nothing written
