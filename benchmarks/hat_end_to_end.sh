@@ -51,3 +51,14 @@ wait $LANE_A
 
 # 5. Every model's latency again, three interleaved rounds on the quiet machine; table and plots.
 python benchmarks/hat_search_multi30k.py "${COMMON[@]}" "${SEARCH[@]}" --remeasure 3 --no-train
+
+# 6. Beyond HAT (2026-12-07, the Xeon, beside the long-context tinyshakespeare lanes, which it
+#    stopped while it measured or timed): the Sparse Transformer's own knobs at T = 4,096, limits
+#    set by the long-context table's sparse-strided and dense rows, the first winner trained on
+#    PTB at equal compute with its row (the dense-limit winner not trained, for time). PAUSE:
+#    the PIDs of lanes running beside it, if any (their process groups are stopped).
+python benchmarks/hat_beyond.py --family sparse --n 120 --runs 5 --warmup 1 \
+    --limits sparse-strided dense --quality-limits sparse-strided \
+    --quality-from benchmarks/results/long_context_cpu ${PAUSE:+--pause $PAUSE} \
+    --data "$DATA" --out benchmarks/results/hat_beyond_sparse_cpu
+
