@@ -132,6 +132,7 @@ DATA_SCRIPTS = {
     "train_tinyshakespeare": ([], "tinyshakespeare/input.txt"),
     "lm_mechanisms_tinyshakespeare": (["--out", "OUT"], "tinyshakespeare/input.txt"),
     "adaptive_span_vs_dense": (["--out", "OUT"], "tinyshakespeare/input.txt"),
+    "adaptive_span_gradients": (["--out", "OUT"], "tinyshakespeare/input.txt"),
     "reformer_lm_vs_dense": (["--out", "OUT"], "tinyshakespeare/input.txt"),
     "routing_vs_vanilla": (["--out", "OUT"], "tinyshakespeare/input.txt"),
     "xl_vs_vanilla": (["--corpora", "ptb", "--out", "OUT"], "ptb/ptb.train.txt"),
@@ -298,3 +299,27 @@ def test_ops_before_after_report_reads_all_three_benchmarks(tmp_path, bench_scri
     strided = next(x for x in table.splitlines() if "strided-128 | 16,384" in x)
     assert strided.endswith("| 2.000 |")  # the after side was doubled
     assert "| routing_bench sdpa | 16,384 | 2573.0 | 2573.0 | 1.000 |" in table
+
+
+def test_adaptive_span_gradients_splits_the_norm_and_clips_each_part(
+    tmp_path, bench_script, shared_data
+):
+    """The two runs start from the same weights on the same batches (same first loss); the
+    logged norm is split exactly into the span parameters' and the rest's; the span
+    parameters stay in [0, 1] (spans between 0 and T)."""
+    shared_data("tinyshakespeare/input.txt")
+    out = tmp_path / "asg"
+    argv = ["--seq-len", "64", "--steps", "3", "--warmup", "1", "--data", str(shared_data.root),
+            "--out", str(out)]  # fmt: skip
+    assert bench_script("adaptive_span_gradients").main(argv) == 0
+    runs = {}
+    for clip in ("global", "split"):
+        rows = [json.loads(x) for x in (out / f"{clip}.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows] == [1, 2, 3]
+        for r in rows:
+            split = (r["span_grad_norm"] ** 2 + r["rest_grad_norm"] ** 2) ** 0.5
+            assert abs(split - r["grad_norm"]) <= 1e-6 * r["grad_norm"]
+            assert len(r["spans"]) == 4 and all(0 <= s <= 64 for s in r["spans"])
+        runs[clip] = rows
+    assert runs["global"][0]["loss"] == runs["split"][0]["loss"]
+    assert (out / "gradients.png").is_file()
