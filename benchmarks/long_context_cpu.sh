@@ -39,7 +39,7 @@ python benchmarks/long_context_memory.py --out benchmarks/results/quality_cpu_lm
     --whole-split --factors 0 0.5 1 2 4
 
 # 5. tinyshakespeare (2026-12-07, the Xeon): the same budget and models. The step timings are
-#    PTB's (the same model and shapes at T = 4,096, byte-level vocabularies of 50 and 65), copied
+#    PTB's (the same model and shapes at T = 4,096, vocabularies of 50 characters and 256 bytes), copied
 #    into timing.json under lm-shakespeare/... keys with "copied_from", so both data sets give
 #    each mechanism the same steps. Two lanes (one cell each at a time; disjoint mechanisms).
 #    Transformer-XL and Compressive were left out for time (their PTB cells took 2,723-2,795 s
