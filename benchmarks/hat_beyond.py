@@ -62,6 +62,7 @@ import torch
 
 from effiformer import get_config
 from effiformer.bench.harness import environment
+from effiformer.bench.quality import BUDGETS, LM_DATA
 from effiformer.config import parse_overrides
 from effiformer.search.evolution import InfeasibleLatencyError
 from effiformer.search.family import (
@@ -120,7 +121,7 @@ def _read(path: Path) -> list[dict[str, Any]]:
 def _row_overrides(budget: str, task: str, row: str, seq_len: int) -> tuple[str, dict[str, Any]]:
     """(registered base, overrides) of a quality-suite row's LM at ``seq_len``, as its cells
     build it (byte vocabulary)."""
-    from effiformer.bench.quality import BUDGETS, _model_overrides
+    from effiformer.bench.quality import _model_overrides
 
     model, over = _model_overrides(BUDGETS[budget], task, row, seq_len)
     return model, {**over, "seq_len": seq_len, "vocab_size": 256}
@@ -162,8 +163,6 @@ def _limit_value(text: str) -> float | None:
 def _quality(args, out: Path, results, done: dict, search: dict, space: FamilySpace) -> None:
     """Step 5: the chosen configuration trained at equal compute with its reference row."""
     from effiformer.bench.quality import (
-        BUDGETS,
-        LM_DATA,
         TIMING_STEPS,
         _make_cell,
         run_quality_cell,
@@ -229,7 +228,7 @@ def _quality(args, out: Path, results, done: dict, search: dict, space: FamilySp
               flush=True)  # fmt: skip
 
 
-def _table(out: Path, rows: list[dict[str, Any]], space: FamilySpace) -> None:
+def _table(out: Path, rows: list[dict[str, Any]]) -> None:
     refs = {r["row"]: r for r in rows if r.get("kind") == "reference"}
     lines = ["| limit | chosen configuration | params | predicted ms | measured ms |",
              "|---|---|---|---|---|"]  # fmt: skip
@@ -267,8 +266,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--family", choices=("sparse", "local"), default="sparse")
     p.add_argument("--model", default="vanilla-small", help="the local family's model")
-    p.add_argument("--budget", default="cpu-long", help="the sparse family's quality budget")
-    p.add_argument("--task", default="lm-ptb", help="the sparse family's (and quality) LM task")
+    p.add_argument("--budget", default="cpu-long", choices=sorted(BUDGETS),
+                   help="the sparse family's quality budget")  # fmt: skip
+    p.add_argument("--task", default="lm-ptb", choices=sorted(LM_DATA),
+                   help="the sparse family's (and quality) LM task")  # fmt: skip
     p.add_argument("--choices", nargs="+", default=None, help="KEY=V1,V2 (default: the family's)")
     p.add_argument("--seq-len", type=int, default=None, help="default: 4096 sparse, 1024 local")
     p.add_argument("--n", type=int, default=150)
@@ -321,7 +322,6 @@ def main(argv: list[str] | None = None) -> int:
     rows_named = [x for x in args.limits if _limit_value(x) is None]
     if rows_named or args.quality_from:
         from effiformer.bench.mechanisms import MECHANISMS
-        from effiformer.bench.quality import LM_DATA
 
         if args.family != "sparse":
             p.error("a limit named by a quality row, and --quality-from, need --family sparse")
@@ -454,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
         for limit in (x for x in args.limits if f"search@{x}" in done and x in trained):
             _quality(args, out, results, done, done[f"search@{limit}"], space)
     results.close()
-    _table(out, _read(out / "results.jsonl"), space)
+    _table(out, _read(out / "results.jsonl"))
     return 0
 
 

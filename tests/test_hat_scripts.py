@@ -274,6 +274,7 @@ def test_beyond_sparse_family_quality_at_equal_compute(tmp_path, bench_script, s
     "extra, says",
     [
         (["--limits", "sparse-stridd"], "unknown limit(s) ['sparse-stridd']"),
+        (["--limits", "1e6", "--budget", "cpu-longg"], "invalid choice: 'cpu-longg'"),
         (["--family", "local", "--limits", "dense"], "need --family sparse"),
         (["--limits", "1e6", "--quality-from", "NOWHERE"], "no quality.json"),
         (["--limits", "dense", "--quality-limits", "1e6"], "are not among --limits"),
