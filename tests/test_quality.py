@@ -189,6 +189,27 @@ def test_a_changed_budget_of_another_task_does_not_block_resuming(tmp_path, monk
     assert "another plan (mqar's budget differ)" in capsys.readouterr().err
 
 
+def test_a_folder_saved_before_a_budget_field_existed_resumes(tmp_path, capsys):
+    """A manifest written before a ``TaskBudget`` field existed (here ``segment``) reads that
+    field as its default and resumes; a saved value other than the default still refuses."""
+    out = tmp_path / "q"
+    argv = ["bench", "--part", "quality", "--budget", "smoke", "--tasks", "mqar",
+            "--attention", "dense", "--out", str(out), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    path = out / "quality.json"
+    saved = json.loads(path.read_text())
+    del saved["budget"]["tasks"]["mqar"]["segment"]  # as a folder from before the field
+    path.write_text(json.dumps(saved))
+    n = len((out / "results.jsonl").read_text().splitlines())
+    assert main(argv) == 0
+    assert len((out / "results.jsonl").read_text().splitlines()) == n  # nothing retrained
+    saved["budget"]["tasks"]["mqar"]["segment"] = 16
+    path.write_text(json.dumps(saved))
+    capsys.readouterr()
+    assert main(argv) == 2
+    assert "another plan (mqar's budget differ)" in capsys.readouterr().err
+
+
 def test_quality_flags_are_refused_outside_quality(capsys):
     assert main(["bench", "--tasks", "mqar"]) == 2
     assert "--tasks only apply to --part quality" in capsys.readouterr().err

@@ -940,6 +940,17 @@ def _data_dir(data: str | Path | None, lm_tasks: list[str]) -> str | None:
     return str(Path(folder).resolve())
 
 
+def _task_budget_defaults() -> dict[str, Any]:
+    """The default of every ``TaskBudget`` field that has one, as the manifest writes it."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(TaskBudget):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return out
+
+
 def _check_manifest(
     out: Path, manifest: dict[str, Any], force: bool, tasks: list[str]
 ) -> dict[str, Any]:
@@ -959,7 +970,10 @@ def _check_manifest(
             )
         return new
     old = json.loads(path.read_text())
-    old_tasks = dict((old.get("budget") or {}).get("tasks") or {})
+    # a folder saved before a TaskBudget field existed lacks it: read it as the field's default
+    defaults = json.loads(json.dumps(_task_budget_defaults(), default=str))
+    old_tasks = {t: {**defaults, **v} if isinstance(v, dict) else v
+                 for t, v in ((old.get("budget") or {}).get("tasks") or {}).items()}  # fmt: skip
     new_tasks = new["budget"]["tasks"]
     differ = [k for k in ("steps", "equal_time") if old.get(k) != new.get(k)]
     old_model = {k: v for k, v in (old.get("budget") or {}).items() if k != "tasks"}
