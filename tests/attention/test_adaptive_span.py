@@ -332,6 +332,57 @@ def test_after_optimizer_step_clamps_p_to_the_unit_interval():
     assert model.blocks[1].attn.current_val.tolist() == [1.0, 1.0]
 
 
+def test_span_ratios_are_clipped_apart_from_the_task_weights():
+    """The span ratios' gradient carries S / R; the trainer clips them as their own group, so a
+    large span gradient no longer scales every other weight's step down (full tensors), and
+    the trainer logs their norm as ``own_grad_norm``."""
+    from effiformer.train import clip_gradients
+
+    torch.manual_seed(0)
+    model = create_model(
+        "vanilla-tiny", seq_len=64, attention={"name": "adaptive_span", "max_span": 64, "ramp": 4}
+    ).train()
+    spans = [b.attn.current_val for b in model.blocks]
+    assert [id(p) for p in model.blocks[0].attn.own_clip_parameters()] == [id(spans[0])]
+    ids = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(0))
+    model(ids, targets=ids).total_loss.backward()
+    for p in spans:
+        p.grad.mul_(1e4)  # as at T = 4,096 on tinyshakespeare: span norms up to 1e6-1e7
+    own_ids = {id(p) for p in spans}
+    task = [p for p in model.parameters() if id(p) not in own_ids]
+    norm = lambda ps: float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in ps])))  # noqa: E731
+    n_task, n_own = norm(task), norm(spans)
+    assert n_own > 100 * n_task > 0
+    before = {id(p): p.grad.clone() for p in model.parameters()}
+    got = clip_gradients(model, 1.0)
+    assert got.task == pytest.approx(n_task, rel=1e-5) and got.own == pytest.approx(n_own, rel=1e-5)
+    assert got.aux is None
+    for ps, n in ((task, n_task), (spans, n_own)):
+        scale = min(1.0, 1.0 / (n + 1e-6))
+        for p in ps:
+            assert_close(p.grad, before[id(p)] * scale)
+    # one global norm would have scaled the task gradient by about 1 / n_own instead
+    assert 1.0 / (n_task**2 + n_own**2) ** 0.5 < 0.01 * min(1.0, 1.0 / n_task)
+
+
+def test_the_trainer_logs_the_span_group_norm(tmp_path):
+    import json
+
+    from effiformer.tasks.mqar import MQARTask
+
+    torch.manual_seed(0)
+    model = create_model(
+        "vanilla-tiny", seq_len=64, attention={"name": "adaptive_span", "max_span": 64, "ramp": 4}
+    )
+    task = MQARTask(seq_len=64, batch_size=2, seed=0, eval_sequences=8)
+    cfg = TrainConfig(steps=2, lr=1e-3, warmup=0, eval_every=None, progress=False, log_every=1,
+                      out_dir=str(tmp_path))  # fmt: skip
+    train(model, task, cfg)
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "grad_norm" in r]
+    assert len(steps) == 2 and all(r["own_grad_norm"] > 0 for r in steps)
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     path = tmp_path_factory.mktemp("corpus") / "tiny.txt"

@@ -100,6 +100,19 @@ EXACTLY_CAUSAL = [
 ]
 
 
+@pytest.mark.parametrize("name", BUILTIN)
+def test_own_clip_parameters_are_the_parts_own_trainable_parameters(name):
+    """What a part asks the trainer to clip apart (``own_clip_parameters``) is a subset of its
+    own trainable parameters, each once: the trainer's groups then partition the model."""
+    mode = get_attention(name).modes[0]
+    m, _ = _build(name, mode, dtype=torch.float32)
+    own = m.own_clip_parameters()
+    mine = {id(p) for p in m.parameters()}
+    assert len({id(p) for p in own}) == len(own)
+    assert all(isinstance(p, torch.nn.Parameter) and p.requires_grad and id(p) in mine for p in own)
+    assert bool(own) == (name == "adaptive_span")  # the one part whose gradient scale is its own
+
+
 def test_exactly_causal_list_leaves_out_only_weight_causal_parts():
     left_out = {n for n in BUILTIN if "causal" in get_attention(n).modes} - set(EXACTLY_CAUSAL)
     assert left_out <= {"lsh", "pattern"}, left_out

@@ -205,8 +205,9 @@ def test_trainer_clips_task_and_reconstruction_gradients_as_separate_groups():
     n_task, n_aux = norm(task), norm(aux)
     assert n_aux > 0 and n_task > 0.01
     before = {id(p): p.grad.clone() for p in m.parameters()}
-    got_task, got_aux = clip_gradients(m, 0.01)
-    assert got_task == pytest.approx(n_task.item()) and got_aux == pytest.approx(n_aux.item())
+    got = clip_gradients(m, 0.01)
+    assert got.task == pytest.approx(n_task.item()) and got.aux == pytest.approx(n_aux.item())
+    assert got.own is None  # no part here clips anything apart
     for ps, n in ((task, n_task), (aux, n_aux)):
         scale = min(1.0, 0.01 / (n.item() + 1e-6))
         for p in ps:

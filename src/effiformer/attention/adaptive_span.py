@@ -278,6 +278,12 @@ class AdaptiveSpanAttention(AttentionPart):
         c = self.config
         return c.penalty * c.max_span * self.current_val.mean()
 
+    def own_clip_parameters(self) -> list[nn.Parameter]:
+        """The span ratios p: their gradient through the soft mask is S / R times a weight's
+        (the ramp's slope in units of p), so they are clipped apart from the rest, as the
+        paper's per-parameter clipping (``AdagradParamClip``) keeps them."""
+        return [self.current_val]
+
     @torch.no_grad()
     def after_optimizer_step(self) -> None:
         """Clamp p to [0, 1] (official ``clamp_param``, after every optimiser step)."""

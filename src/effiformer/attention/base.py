@@ -366,6 +366,15 @@ class AttentionPart(nn.Module):
         ``mem_len`` (Adaptive Span keeps only what its current span can reach)."""
         return configured
 
+    def own_clip_parameters(self) -> list[nn.Parameter]:
+        """Parameters whose gradient scale the mechanism sets, not the task, and which the
+        trainer therefore clips as a group of their own (:func:`effiformer.train.clip_gradients`)
+        instead of inside the model's global norm: Adaptive Span's span ratios, whose gradient
+        carries the factor S / R of its soft mask (128 at S = 4,096, R = 32) and would
+        otherwise own the global norm and scale every other weight's step down with it (the
+        paper clips each parameter on its own). Default: none."""
+        return []
+
     # ---- testing hooks ------------------------------------------------------------------
 
     @classmethod

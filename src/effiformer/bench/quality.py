@@ -351,6 +351,7 @@ def run_quality_cell(cell: dict[str, Any]) -> dict[str, Any]:
     """Train and score one cell (in its own process); returns the measured part of its record.
     A non-finite loss ends the cell with ``status="diverged"`` and what was measured before."""
     from ..train import TrainConfig, train
+    from ..train.optimizer import own_clip_parameters
 
     torch.set_num_threads(int(cell["threads"]))
     device = cell["device"]
@@ -388,6 +389,9 @@ def run_quality_cell(cell: dict[str, Any]) -> dict[str, Any]:
         status, error, history = "diverged", str(e).splitlines()[0][:300], None
     train_s = time.perf_counter() - t0
     rec: dict[str, Any] = {"status": status, "params": params, "train_s": train_s}
+    apart = {id(p) for p in own_clip_parameters(model)}
+    if apart:  # which parameters the recipe's clip treated as a group of their own
+        rec["clipped_apart"] = [n for n, p in model.named_parameters() if id(p) in apart]
     curve, step_s = _read_curve(run_dir / "metrics.jsonl", TASKS[cell["task"]][1])
     rec["curve"] = curve
     rec["step_s_median"] = statistics.median(step_s) if step_s else None

@@ -14,7 +14,8 @@
   not the result. Batches with row weights (``Batch.weights``: translation's target tokens per
   row) weigh each micro-batch of each rank by its share of the global batch's weight instead
   (:func:`~effiformer.train.distributed.micro_scales`), which keeps a per-token mean loss exact under accumulation and DDP. Then gradient clipping (global norm; parameters trained only by an aux loss,
-  ``model.aux_parameters()``, are clipped as a group of their own, :func:`clip_gradients`), the
+  ``model.aux_parameters()``, and those a module lists in ``own_clip_parameters()``, e.g.
+  Adaptive Span's span ratios, are clipped as groups of their own, :func:`clip_gradients`), the
   optimiser and scheduler steps, and ``model.apply_updates(out.updates)`` (no-grad buffer
   updates, averaged over micro-batches and ranks; a deliberate simplification for online k-means
   under data parallelism).
@@ -63,12 +64,13 @@ from __future__ import annotations
 from .config import TrainConfig, lr_factor
 from .history import METRICS, TrainHistory
 from .loop import train
-from .optimizer import after_optimizer_step, clip_gradients, make_optimizer
+from .optimizer import ClipNorms, after_optimizer_step, clip_gradients, make_optimizer
 from .task import Batch, Task, check_batch_ids
 
 __all__ = [
     "METRICS",
     "Batch",
+    "ClipNorms",
     "Task",
     "TrainConfig",
     "TrainHistory",

@@ -314,11 +314,12 @@ class _Run:
                 aux_sum += (total - out.loss).detach().double() * w
             if out.updates:
                 updates.append(out.updates)
-        grad_norm = aux_norm = None
+        norms = None
         if config.clip is not None and config.optimizer != "adagrad-clip":
-            grad_norm, aux_norm = clip_gradients(module, config.clip)
-            if not math.isfinite(grad_norm):  # raise before the update breaks the weights
-                raise self.diverged(f"the gradient norm is {grad_norm} at step {self.step + 1}")
+            norms = clip_gradients(module, config.clip)
+            for what, n in (("", norms.task), ("aux ", norms.aux), ("own ", norms.own)):
+                if n is not None and not math.isfinite(n):  # raise before the update
+                    raise self.diverged(f"the {what}gradient norm is {n} at step {self.step + 1}")
         self.optimizer.step()
         self.scheduler.step()
         after_optimizer_step(module)
@@ -353,10 +354,12 @@ class _Run:
             record["loss_weight"] = weighting[2]  # what the loss averaged over
         if updates or aux:
             record["total_loss"] = loss + aux
-        if grad_norm is not None:
-            record["grad_norm"] = grad_norm
-        if aux_norm is not None:
-            record["aux_grad_norm"] = aux_norm
+        if norms is not None:
+            record["grad_norm"] = norms.task
+            if norms.aux is not None:
+                record["aux_grad_norm"] = norms.aux
+            if norms.own is not None:
+                record["own_grad_norm"] = norms.own
         return record
 
     # -- the loop -----------------------------------------------------------------------------

@@ -1,8 +1,10 @@
 """The optimiser and what happens around its step: parameter groups with and without weight
-decay (:func:`make_optimizer`), gradient clipping with auxiliary parameters as a group of their
-own (:func:`clip_gradients`) and the modules' post-step hooks (:func:`after_optimizer_step`)."""
+decay (:func:`make_optimizer`), gradient clipping with auxiliary parameters, and those a module
+clips apart, as groups of their own (:func:`clip_gradients`) and the modules' post-step hooks (:func:`after_optimizer_step`)."""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -10,7 +12,7 @@ from torch import nn
 from ..optim import AdagradParamClip
 from .config import TrainConfig
 
-__all__ = ["after_optimizer_step", "clip_gradients", "make_optimizer"]
+__all__ = ["ClipNorms", "after_optimizer_step", "clip_gradients", "make_optimizer"]
 
 
 _NORMS = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._NormBase)
@@ -54,23 +56,50 @@ def make_optimizer(module: nn.Module, config: TrainConfig) -> torch.optim.Optimi
     return torch.optim.Adagrad(groups, lr=config.lr, eps=config.eps)
 
 
-def clip_gradients(model: nn.Module, clip: float) -> tuple[float, float | None]:
-    """Clip gradients to global norm ``clip``; returns (norm, aux norm) before clipping.
+class ClipNorms(NamedTuple):
+    """Gradient norms before clipping, one per group (``None``: the model has no such group)."""
+
+    task: float
+    aux: float | None = None
+    own: float | None = None
+
+
+def own_clip_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """Every parameter a submodule asks to have clipped apart (``own_clip_parameters()``, e.g.
+    Adaptive Span's span ratios), once each, in module order."""
+    out: list[nn.Parameter] = []
+    seen: set[int] = set()
+    for m in model.modules():
+        hook = getattr(m, "own_clip_parameters", None)
+        if not callable(hook):
+            continue
+        for p in hook():
+            if id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
+    return out
+
+
+def clip_gradients(model: nn.Module, clip: float) -> ClipNorms:
+    """Clip gradients to norm ``clip`` group by group; returns the norms before clipping.
 
     Parameters the model trains only by auxiliary losses (``model.aux_parameters()``, e.g. the
     Compressive Transformer's compression networks) form a group clipped on its own, as if it had
     its own optimiser: the two gradients never meet in one loss, and one global norm would let an
-    auxiliary gradient 1000x larger scale the task gradient down by that factor. The aux norm is
-    ``None`` for models without such parameters.
+    auxiliary gradient 1000x larger scale the task gradient down by that factor. Parameters a
+    submodule lists in ``own_clip_parameters()`` (Adaptive Span's span ratios, whose gradient
+    carries S / R) form a third group, for the same reason. The rest is the task group.
     """
     aux_params = getattr(model, "aux_parameters", None)
     aux = [p for p in aux_params() if p.requires_grad] if callable(aux_params) else []
-    ids = {id(p) for p in aux}
-    main = [p for p in model.parameters() if id(p) not in ids]
-    norm = float(torch.nn.utils.clip_grad_norm_(main, clip))
-    if not aux:
-        return norm, None
-    return norm, float(torch.nn.utils.clip_grad_norm_(aux, clip))
+    aux_ids = {id(p) for p in aux}
+    own = [p for p in own_clip_parameters(model) if p.requires_grad and id(p) not in aux_ids]
+    apart = aux_ids | {id(p) for p in own}
+    task = [p for p in model.parameters() if id(p) not in apart]
+    norm = float(torch.nn.utils.clip_grad_norm_(task, clip))
+    aux_norm = float(torch.nn.utils.clip_grad_norm_(aux, clip)) if aux else None
+    own_norm = float(torch.nn.utils.clip_grad_norm_(own, clip)) if own else None
+    return ClipNorms(norm, aux_norm, own_norm)
 
 
 def after_optimizer_step(model: nn.Module) -> None:
