@@ -233,6 +233,25 @@ def test_lm_smoke_on_real_text_with_recurrent_families(tmp_path, shared_data):
     assert "### lm-ptb" in (tmp_path / "lm" / "table.md").read_text()
 
 
+def test_an_lsh_lm_cell_is_also_scored_with_other_hash_counts_and_full_attention(
+    tmp_path, shared_data
+):
+    """On the LM the LSH-trained weights are scored with 1, 2, 4, 8 hashes and with every key
+    visible (bpc on the test split); 2 hashes is how the cell itself was scored (other random
+    rotations: close, not equal), the others differ, and the table prints them."""
+    shared_data("ptb")
+    (rec,) = run_quality(["lm-ptb"], ["lsh"], budget="smoke", out=tmp_path / "lm",
+                         data=shared_data.root, progress=False)  # fmt: skip
+    assert rec["status"] == "ok", rec.get("error")
+    h = rec["hash_evals"]
+    assert set(h) == {"hashes_1", "hashes_2", "hashes_4", "hashes_8", "full"}
+    assert h["hashes_2"] == pytest.approx(rec["test"], rel=0.02) and h["hashes_2"] != rec["test"]
+    assert all(1.0 < v < 9.0 for v in h.values())
+    assert len({round(v, 6) for v in h.values()}) == 5
+    table = (tmp_path / "lm" / "table.md").read_text()
+    assert "full attention (test bpc" in table and f"{h['full']:.3f}" in table
+
+
 def test_mqar_breakdown_splits_queries_by_what_the_last_layer_can_attend():
     import torch
 

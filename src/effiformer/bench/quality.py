@@ -327,23 +327,29 @@ def check_cell(cell: dict[str, Any]) -> None:
         _task_setup(cell)
 
 
-def _hash_evals(model: torch.nn.Module, task: Any, length: int) -> dict[str, Any]:
-    """Duplication with LSH: the trained weights scored with 1, 2, 4, 8 hashes and with full
-    (shared-QK) attention: one hash and one chunk spanning the whole sequence, so every earlier
-    key is visible whatever bucket it falls in."""
+def _hash_evals(
+    model: torch.nn.Module, task: Any, length: int, metric: str = "accuracy", device: str = "cpu"
+) -> dict[str, Any]:
+    """LSH cells (duplication, as the Reformer paper's Table 2, and the LM tasks): the trained
+    weights scored on the test split with 1, 2, 4, 8 hashes and with full (shared-QK) attention:
+    one hash and one chunk spanning the whole sequence, so every earlier key is visible whatever
+    bucket it falls in. On the LM this separates what hashing costs (the trained model scored
+    with every key visible) from what the model learned."""
     from ..config import replace_config
     from ..models.reformer import reconfigure
     from ..registry import build_model
 
     out: dict[str, Any] = {}
     for n in (1, 2, 4, 8):
-        out[f"hashes_{n}"] = task.evaluate(reconfigure(model, n_hashes=n), "test")["accuracy"]
+        scored = reconfigure(model, n_hashes=n)
+        out[f"hashes_{n}"] = task.evaluate(scored, "test", device=device)[metric]
     att = model.config.attention
     full_chunk = 1 << max(2, math.ceil(math.log2(length)))
     full = dataclasses.replace(att, n_hashes=1, n_buckets=2, chunk_len=full_chunk)
     new = build_model(replace_config(model.config, attention=full))
     new.load_state_dict(model.state_dict(), strict=True)
-    out["full"] = task.evaluate(new, "test")["accuracy"]
+    new.to(device).eval()
+    out["full"] = task.evaluate(new, "test", device=device)[metric]
     return out
 
 
@@ -406,8 +412,8 @@ def run_quality_cell(cell: dict[str, Any]) -> dict[str, Any]:
         result = task.evaluate(model, split, device=device)
         rec[split] = result[metric]
         rec[f"{split}_all"] = {k: v for k, v in result.items() if isinstance(v, int | float)}
-    if cell["task"] == "duplication" and cell["mechanism"] == "lsh":
-        rec["hash_evals"] = _hash_evals(model, task, int(cell["length"]))
+    if cell["mechanism"] == "lsh" and (cell["task"] == "duplication" or metric == "bpc"):
+        rec["hash_evals"] = _hash_evals(model, task, int(cell["length"]), metric, device)
     return rec
 
 
@@ -1091,19 +1097,21 @@ def _task_notes(task: str, recs: list[dict[str, Any]]) -> list[str]:
         maj = [r["test_all"].get("majority_accuracy") for r in recs if r.get("test_all")]
         if maj:
             lines.append(f"Majority class of the test set: {100 * statistics.fmean(maj):.1f}%.")
-    if task == "duplication":
-        lsh = [r for r in recs if r.get("hash_evals")]
-        if lsh:
-            lines.append("LSH-trained models (2 hashes) evaluated with other hash counts and "
-                         "with full attention (test accuracy, mean over seeds):")  # fmt: skip
-            lines.append("")
-            lines.append("| T | 1 hash | 2 | 4 | 8 | full |")
-            lines.append("|---|---|---|---|---|---|")
-            for n in sorted({r["length"] for r in lsh}):
-                rs = [r["hash_evals"] for r in lsh if r["length"] == n]
-                cols = [statistics.fmean(h[k] for h in rs) for k in
-                        ("hashes_1", "hashes_2", "hashes_4", "hashes_8", "full")]  # fmt: skip
-                lines.append(f"| {n} | " + " | ".join(f"{100 * c:.1f}%" for c in cols) + " |")
+    lsh = [r for r in recs if r.get("hash_evals")]
+    if lsh:
+        bpc = TASKS[task][1] == "bpc"
+        lines.append("LSH-trained models (2 hashes) evaluated with other hash counts and with "
+                     f"full attention (test {'bpc' if bpc else 'accuracy'}, mean over "
+                     "seeds):")  # fmt: skip
+        lines.append("")
+        lines.append("| T | 1 hash | 2 | 4 | 8 | full |")
+        lines.append("|---|---|---|---|---|---|")
+        for n in sorted({r["length"] for r in lsh}):
+            rs = [r["hash_evals"] for r in lsh if r["length"] == n]
+            cols = [statistics.fmean(h[k] for h in rs) for k in
+                    ("hashes_1", "hashes_2", "hashes_4", "hashes_8", "full")]  # fmt: skip
+            cells = [f"{c:.3f}" if bpc else f"{100 * c:.1f}%" for c in cols]
+            lines.append(f"| {n} | " + " | ".join(cells) + " |")
     if task == "mqar":
         lines.append("Key-value pairs: T/16 (4 at 64 ... 64 at 1,024); chance = 1/128.")
     return lines
