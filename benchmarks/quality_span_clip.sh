@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Adaptive span with its span ratios clipped apart from the task's weights (the trainer's
+# own_clip_parameters group, 2026-12-07), on the rows where it was weak or broken under one
+# global clip: MQAR at 256 (and the span-init ablation there), tinyshakespeare and PTB at
+# T = 4,096 at equal compute (the step timings copied from long_context_cpu/timing.json: the same
+# model and shapes, timed alone there), PTB at T = 1,024. docs/quality.md reads the records.
+# Resumable: rerun to continue (finished cells are skipped).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+D=${EFFIFORMER_DATA:-../shared/data}
+R=benchmarks/results
+q=(--part quality --seeds 1 --no-progress --jobs 1 --attention)
+effiformer bench "${q[@]}" adaptive-span --budget cpu --tasks mqar --lengths 256 --lr 1e-3 \
+  --out $R/quality_cpu_mqar_spanclip
+effiformer bench "${q[@]}" adaptive-span --budget cpu-long --tasks lm-shakespeare --lengths 4096 \
+  --lr 2e-3 --equal-time 900 --cell-timeout 5400 --data "$D" --out $R/long_context_cpu_spanclip
+effiformer bench "${q[@]}" adaptive-span --budget cpu --tasks lm-ptb --lr 3e-3 --data "$D" \
+  --out $R/quality_cpu_lm_spanclip
+effiformer bench "${q[@]}" adaptive-span --budget cpu-long --tasks lm-ptb --lengths 4096 \
+  --lr 2e-3 --equal-time 900 --cell-timeout 5400 --data "$D" --out $R/long_context_cpu_spanclip
+effiformer bench "${q[@]}" adaptive-span --budget cpu --tasks mqar --lengths 64 --lr 1e-3 \
+  --out $R/quality_cpu_mqar_spanclip
+effiformer bench "${q[@]}" adaptive-span-full --budget cpu --tasks mqar --lengths 256 --lr 1e-3 \
+  --out $R/quality_cpu_mqar_spanclip
