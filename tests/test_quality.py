@@ -57,6 +57,8 @@ def test_settings_follow_the_papers_rules_for_the_length():
     pairs, _ = plan_cells(BUDGETS["cpu"], ["duplication"], ["adaptive-span-full"])
     assert pairs == [("duplication", "adaptive-span-full")]
     assert mechanism_settings("adaptive-span-full", "duplication", 256)["init_span"] == 1.0
+    assert mechanism_settings("adaptive-span-self", "mqar", 64)["include_self"] is True
+    assert "include_self" not in mechanism_settings("adaptive-span", "mqar", 64)
 
 
 def test_smoke_run_end_to_end_then_resume_skips_finished_cells(tmp_path):

@@ -85,6 +85,10 @@ MECHANISMS: dict[str, Mechanism] = {
         Mechanism("adaptive-span-full", "vanilla", ("causal", "lm"),
                   lambda task, t: {"name": "adaptive_span", "max_span": t, "init_span": 1.0},
                   "ablation: spans start at S instead of 0", default=False),
+        Mechanism("adaptive-span-self", "vanilla", ("causal", "lm"),
+                  lambda task, t: {"name": "adaptive_span", "max_span": t, "include_self": True},
+                  "ablation: a query also attends to itself (the paper's keys are the previous "
+                  "positions only)", default=False),
         Mechanism("dense-sinusoidal", "vanilla", ("causal", "bidirectional", "lm"),
                   lambda task, t: {"name": "dense"},
                   "ablation: sinusoidal instead of learned absolute positions",
