@@ -7,6 +7,9 @@
 # time here) first, so that the slowest cells do not run alone at the end; then dense's own sweep
 # (1e-3, 1e-2) as the check on that choice, then the second seeds. Two cells at a time, one
 # thread each.
+# Run so far: PTB's rows but relative-XL (2026-12-02/03); tinyshakespeare's vanilla rows but
+# adaptive span, relative-XL, XL and Compressive, and PTB dense's sweep (2026-12-07; adaptive span
+# on tinyshakespeare is in benchmarks/quality_span_clip.sh, with its span ratios clipped apart).
 # Resumable: rerun the same script to continue (finished cells are skipped).
 set -euo pipefail
 cd "$(dirname "$0")/.."

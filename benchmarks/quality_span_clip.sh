@@ -16,6 +16,8 @@ effiformer bench "${q[@]}" adaptive-span --budget cpu-long --tasks lm-shakespear
   --lr 2e-3 --equal-time 900 --cell-timeout 5400 --data "$D" --out $R/long_context_cpu_spanclip
 effiformer bench "${q[@]}" adaptive-span --budget cpu --tasks lm-ptb --lr 3e-3 --data "$D" \
   --out $R/quality_cpu_lm_spanclip
+effiformer bench "${q[@]}" adaptive-span --budget cpu --tasks lm-shakespeare --lr 3e-3 --data "$D" \
+  --out $R/quality_cpu_lm_spanclip
 effiformer bench "${q[@]}" adaptive-span --budget cpu-long --tasks lm-ptb --lengths 4096 \
   --lr 2e-3 --equal-time 900 --cell-timeout 5400 --data "$D" --out $R/long_context_cpu_spanclip
 effiformer bench "${q[@]}" adaptive-span --budget cpu --tasks mqar --lengths 64 --lr 1e-3 \
@@ -26,3 +28,8 @@ effiformer bench "${q[@]}" adaptive-span-full --budget cpu --tasks mqar --length
 # the one other difference from dense at 64 tokens, a query that does not attend to itself
 effiformer bench "${q[@]}" adaptive-span-self --budget cpu --tasks mqar --lengths 64 --lr 1e-3 \
   --out $R/quality_cpu_mqar_spanclip
+# and the budget's other two learning rates for adaptive span at 64 (the per-row sweep)
+for lr in 3e-3 1e-2; do
+  effiformer bench "${q[@]}" adaptive-span --budget cpu --tasks mqar --lengths 64 --lr $lr \
+    --out $R/quality_cpu_mqar_spanclip
+done

@@ -301,6 +301,24 @@ def test_the_sweep_prefers_the_rate_that_reached_the_target_in_the_fewest_steps(
     assert _best_lr(lm, False) == 3e-3  # bits per character: lower is better
 
 
+def test_a_row_run_at_several_rates_shows_its_best_rate_not_their_mean():
+    """Cells of one row trained at several rates with ``--lr X`` (a check of the chosen rate)
+    are not seeds: the row shows the rate with the best validation score, and a note under the
+    table names the others with their scores."""
+    base = {"task": "lm-ptb", "mechanism": "dense", "length": 1024, "phase": "main",
+            "status": "ok", "settings": {"name": "dense"}, "target": None}  # fmt: skip
+    recs = [
+        {**base, "lr": 3e-3, "seed": 0, "valid": 2.229, "test": 2.184},
+        {**base, "lr": 1e-3, "seed": 0, "valid": 2.495, "test": 2.459},
+        {**base, "lr": 1e-2, "seed": 0, "valid": 2.316, "test": 2.276},
+        {**base, "lr": 3e-3, "seed": 1, "valid": 2.231, "test": 2.190},
+    ]
+    table = format_quality_table(recs)
+    row = next(line for line in table.splitlines() if line.startswith("| dense |"))
+    assert row.startswith("| dense | 0.003 | 2.187 ± 0.003 (2) |"), row
+    assert "dense at T=1024, lr 0.001: 2.459 (1); dense at T=1024, lr 0.01: 2.276 (1)" in table
+
+
 def test_a_budget_can_give_longer_sequences_more_steps():
     """The CPU budget's MQAR cells at 1,024 tokens get 24,000 steps (dense forms its recall
     circuit on the ladder's short sequences near step 8,000 there and reaches 99% at 1,024 near

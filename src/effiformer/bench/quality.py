@@ -1028,7 +1028,8 @@ def format_quality_table(records: list[dict[str, Any]]) -> str:
         out.append("|" + "---|" * (len(lengths) + 3))
         for m in mechs:
             row = [m]
-            lrs = sorted({r["lr"] for r in recs if r["mechanism"] == m and r["phase"] == "main"})
+            lrs = sorted({c["lr"] for n in lengths for c in _pick(recs, m, n)
+                          if c["phase"] == "main"})  # fmt: skip
             row.append(", ".join(f"{x:g}" for x in lrs) or "-")
             for n in lengths:
                 cell = _pick(recs, m, n)
@@ -1037,7 +1038,7 @@ def format_quality_table(records: list[dict[str, Any]]) -> str:
             settings = max(own, key=lambda r: r["length"])["settings"]  # at its longest length
             row.append(_fmt_settings(settings, MECHANISMS[m].note))
             out.append("| " + " | ".join(row) + " |")
-        extra = _task_notes(task, recs)
+        extra = _task_notes(task, recs) + _other_rates(recs, mechs, lengths, metric)
         if extra:
             out.append("")
             out.extend(extra)
@@ -1060,7 +1061,37 @@ def _pick(recs: list[dict[str, Any]], m: str, n: int) -> list[dict[str, Any]]:
             if ok
             else sweep_all[:1]
         )
-    return main + sweep
+    cells = main + sweep
+    rates = {r["lr"] for r in cells}
+    if len(rates) > 1:  # main cells at several rates (runs with --lr X): the row shows the rate
+        # the sweep's rule picks among their seed-0 cells
+        first = [r for r in cells if r.get("seed") == 0] or cells
+        best = _best_lr(first, TASKS[first[0]["task"]][2], first[0].get("target"))
+        cells = [r for r in cells if r["lr"] == best] if best is not None else cells
+    return cells
+
+
+def _other_rates(
+    recs: list[dict[str, Any]], mechs: list[str], lengths: list[int], metric: str
+) -> list[str]:
+    """A line naming the main cells a row leaves out because another rate did better."""
+    scale, unit = (100.0, "%") if metric == "accuracy" else (1.0, "")
+    items = []
+    for m in mechs:
+        for n in lengths:
+            shown = {id(r) for r in _pick(recs, m, n)}
+            rest = [r for r in recs if r["mechanism"] == m and r["length"] == n
+                    and r["phase"] == "main" and id(r) not in shown]  # fmt: skip
+            for lr in sorted({r["lr"] for r in rest}):
+                vals = [r["test"] for r in rest if r["lr"] == lr and r.get("status") == "ok"]
+                got = (
+                    f"{scale * statistics.fmean(vals):.{1 if unit else 3}f}{unit}" if vals else "-"
+                )
+                items.append(f"{m} at T={n}, lr {lr:g}: {got} ({len(vals)})")
+    if not items:
+        return []
+    return ["Other learning rates run for a row (test, mean (seeds); the row shows the rate with "
+            "the best validation score): " + "; ".join(items) + "."]  # fmt: skip
 
 
 def _fmt_cell(cells: list[dict[str, Any]], metric: str) -> str:
