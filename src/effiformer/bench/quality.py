@@ -1038,7 +1038,8 @@ def format_quality_table(records: list[dict[str, Any]]) -> str:
             settings = max(own, key=lambda r: r["length"])["settings"]  # at its longest length
             row.append(_fmt_settings(settings, MECHANISMS[m].note))
             out.append("| " + " | ".join(row) + " |")
-        extra = _task_notes(task, recs) + _other_rates(recs, mechs, lengths, metric)
+        extra, other = _task_notes(task, recs), _other_rates(recs, mechs, lengths, metric)
+        extra += [""] + other if extra and other else other
         if extra:
             out.append("")
             out.extend(extra)
