@@ -4,9 +4,10 @@ T with the suite's recipe (Adam (0.9, 0.98), lr 2e-3 after a linear warmup, one 
 norm clipped to 1.0), logging each step the global gradient norm and the part of it that is the
 span parameters' (``current_val``, whose gradient carries the soft mask's factor S / R).
 
-``--clip global`` is the suite's recipe; ``--clip split`` clips the span parameters' norm and
-the rest's norm to 1.0 each (the span parameters then cannot shrink every weight's step); both
-from the same initial weights and the same batches.
+``--clip global`` is the suite's recipe before 2026-12-07 (one global norm); ``--clip split``
+is the trainer's since (``effiformer.train.clip_gradients``: the span parameters, listed by the
+part's ``own_clip_parameters()``, and the rest clipped to 1.0 each, so the span parameters cannot
+shrink every weight's step); both from the same initial weights and the same batches.
 
     python benchmarks/adaptive_span_gradients.py --steps 250 --clip global split \\
         --out benchmarks/results/adaptive_span_gradients_shakespeare
@@ -34,13 +35,11 @@ def _norm(params) -> float:
     return math.sqrt(sum(float(p.grad.pow(2).sum()) for p in params if p.grad is not None))
 
 
-def _clip(params, max_norm: float) -> None:
-    torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], max_norm)
-
-
 def run(args, clip: str, corpus, out: Path) -> list[dict]:
     from effiformer.bench.quality import BUDGETS, _model_overrides
     from effiformer.registry import build_model, get_config
+    from effiformer.train import after_optimizer_step, clip_gradients
+    from effiformer.train.optimizer import own_clip_parameters
 
     path = out / f"{clip}.jsonl"
     if path.is_file():
@@ -54,7 +53,7 @@ def run(args, clip: str, corpus, out: Path) -> list[dict]:
     torch.manual_seed(args.seed)
     model = build_model(get_config(model_name, **over))
     model.train()
-    span = [p for n, p in model.named_parameters() if n.endswith("current_val")]
+    span = own_clip_parameters(model)  # the span ratios (current_val) of every layer
     span_ids = {id(p) for p in span}
     rest = [p for p in model.parameters() if id(p) not in span_ids]
     opt = torch.optim.Adam(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.0)
@@ -75,14 +74,11 @@ def run(args, clip: str, corpus, out: Path) -> list[dict]:
             loss.backward()
             total, s_norm, r_norm = _norm(model.parameters()), _norm(span), _norm(rest)
             if clip == "global":
-                _clip(list(model.parameters()), 1.0)
+                torch.nn.utils.clip_grad_norm_(list(model.parameters()), 1.0)
             else:
-                _clip(span, 1.0)
-                _clip(rest, 1.0)
+                clip_gradients(model, 1.0)
             opt.step()
-            with torch.no_grad():
-                for p in span:  # the official clamp_param: p in [0, 1]
-                    p.clamp_(0.0, 1.0)
+            after_optimizer_step(model)  # the official clamp_param: p in [0, 1]
             rec = {"step": step, "loss": float(out_.loss.detach()), "grad_norm": total,
                    "span_grad_norm": s_norm, "rest_grad_norm": r_norm,
                    "spans": [round(float(p.detach().mean()) * args.seq_len, 1) for p in span]}  # fmt: skip

@@ -950,17 +950,6 @@ def _data_dir(data: str | Path | None, lm_tasks: list[str]) -> str | None:
     return str(Path(folder).resolve())
 
 
-def _task_budget_defaults() -> dict[str, Any]:
-    """The default of every ``TaskBudget`` field that has one, as the manifest writes it."""
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(TaskBudget):
-        if f.default is not dataclasses.MISSING:
-            out[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            out[f.name] = f.default_factory()
-    return out
-
-
 def _check_manifest(
     out: Path, manifest: dict[str, Any], force: bool, tasks: list[str]
 ) -> dict[str, Any]:
@@ -981,7 +970,9 @@ def _check_manifest(
         return new
     old = json.loads(path.read_text())
     # a folder saved before a TaskBudget field existed lacks it: read it as the field's default
-    defaults = json.loads(json.dumps(_task_budget_defaults(), default=str))
+    from ..checkpoint import _field_defaults
+
+    defaults = json.loads(json.dumps(_field_defaults(TaskBudget), default=str))
     old_tasks = {t: {**defaults, **v} if isinstance(v, dict) else v
                  for t, v in ((old.get("budget") or {}).get("tasks") or {}).items()}  # fmt: skip
     new_tasks = new["budget"]["tasks"]

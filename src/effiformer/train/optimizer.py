@@ -1,6 +1,7 @@
 """The optimiser and what happens around its step: parameter groups with and without weight
 decay (:func:`make_optimizer`), gradient clipping with auxiliary parameters, and those a module
-clips apart, as groups of their own (:func:`clip_gradients`) and the modules' post-step hooks (:func:`after_optimizer_step`)."""
+clips apart, as groups of their own (:func:`clip_gradients`), and the modules' post-step hooks
+(:func:`after_optimizer_step`)."""
 
 from __future__ import annotations
 
