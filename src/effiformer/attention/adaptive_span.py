@@ -127,12 +127,13 @@ class AdaptiveSpanConfig(AttentionConfig):
     adapt_cache: bool = True
     include_self: bool = False
     eps: float = 1e-8
+    key_pe_std: float = 1.0
 
     def __post_init__(self) -> None:
         self._check_positive("max_span")
         self._check_positive("ramp")
         self._check_positive("trim_step")
-        for f in ("init_span", "penalty", "eps"):
+        for f in ("init_span", "penalty", "eps", "key_pe_std"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
                 raise ConfigError(f"attention.{f} must be a finite number, got {v!r}")
@@ -142,6 +143,8 @@ class AdaptiveSpanConfig(AttentionConfig):
             raise ConfigError(f"attention.penalty must be >= 0, got {self.penalty!r}")
         if self.eps < 0:
             raise ConfigError(f"attention.eps must be >= 0, got {self.eps!r}")
+        if self.key_pe_std < 0:
+            raise ConfigError(f"attention.key_pe_std must be >= 0, got {self.key_pe_std!r}")
         for f in ("trim", "adapt_cache", "include_self"):
             if not isinstance(getattr(self, f), bool):
                 raise ConfigError(f"attention.{f} must be a boolean, got {getattr(self, f)!r}")
@@ -150,11 +153,12 @@ class AdaptiveSpanConfig(AttentionConfig):
 class SpanShared(nn.Module):
     """What the layers of one model share: the position embedding ``key_pe`` (1, d_head, S),
     column ``S - 1 - u`` for the ``u``-th nearest key a query may see (the last column is the
-    nearest), random-normal initialised (official ``TransformerSeq.key_pe``)."""
+    nearest), random-normal initialised (official ``TransformerSeq.key_pe``) with standard
+    deviation ``std``."""
 
-    def __init__(self, head_dim: int, max_span: int) -> None:
+    def __init__(self, head_dim: int, max_span: int, std: float = 1.0) -> None:
         super().__init__()
-        self.key_pe = keep_init(nn.Parameter(torch.randn(1, head_dim, max_span)))
+        self.key_pe = keep_init(nn.Parameter(torch.randn(1, head_dim, max_span) * std))
 
     def make_dense_equivalent_(self) -> None:
         with torch.no_grad():
@@ -231,7 +235,7 @@ class AdaptiveSpanAttention(AttentionPart):
 
     @classmethod
     def build_shared(cls, config: AdaptiveSpanConfig, dims: AttentionDims) -> SpanShared:
-        return SpanShared(dims.head_dim, config.max_span)
+        return SpanShared(dims.head_dim, config.max_span, config.key_pe_std)
 
     def prepare(self, ctx: PrepareContext, shared: nn.Module | None) -> SpanPositions:
         if not isinstance(shared, SpanShared):

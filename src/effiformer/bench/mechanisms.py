@@ -89,6 +89,19 @@ MECHANISMS: dict[str, Mechanism] = {
                   lambda task, t: {"name": "adaptive_span", "max_span": t, "include_self": True},
                   "ablation: a query also attends to itself (the paper's keys are the previous "
                   "positions only)", default=False),
+        Mechanism("adaptive-span-pe0", "vanilla", ("causal", "lm"),
+                  lambda task, t: {"name": "adaptive_span", "max_span": t, "key_pe_std": 0.0},
+                  "ablation: key_pe starts at zero instead of N(0, 1)", default=False),
+        Mechanism("adaptive-span-dense", "vanilla", ("causal", "lm"),
+                  lambda task, t: {"name": "adaptive_span", "max_span": t, "init_span": 1.0,
+                                   "include_self": True, "key_pe_std": 0.0, "penalty": 0.0},
+                  "ablation: dense at initialisation (spans at S, the query's own position, "
+                  "key_pe at zero, no span loss); what still differs: no projection biases, "
+                  "key_pe and the spans train", default=False),
+        Mechanism("dense-nobias", "vanilla", ("causal", "bidirectional", "lm"),
+                  lambda task, t: {"name": "dense", "bias": False},
+                  "ablation: no biases on the Q, K, V, O projections (as adaptive span's)",
+                  default=False),
         Mechanism("dense-sinusoidal", "vanilla", ("causal", "bidirectional", "lm"),
                   lambda task, t: {"name": "dense"},
                   "ablation: sinusoidal instead of learned absolute positions",
