@@ -13,6 +13,7 @@ from effiformer.attention.adaptive_span import (
     AdaptiveSpanAttention,
     AdaptiveSpanConfig,
     SpanPositions,
+    SpanShared,
     _choose_chunk,
     _skew,
     adaptive_span_reference,
@@ -172,6 +173,45 @@ def test_position_embedding_is_shared_by_all_layers_and_heads():
     vanilla = create_model("vanilla-tiny", attention={"name": "adaptive_span", "max_span": 64})
     pe = [p for n, p in vanilla.named_parameters() if n.endswith("key_pe")]
     assert len(pe) == 1 and 0.8 < float(pe[0].detach().std()) < 1.2
+
+
+def test_key_pe_std_scales_the_init_and_zero_starts_every_distance_alike():
+    torch.manual_seed(3)
+    one = SpanShared(DH, 64).key_pe.detach()
+    torch.manual_seed(3)
+    half = SpanShared(DH, 64, std=0.5).key_pe.detach()
+    torch.manual_seed(3)
+    zero = SpanShared(DH, 64, std=0.0).key_pe.detach()
+    # The same draw, scaled: the other parameters' initialisation does not move with the std.
+    assert_close(half, 0.5 * one, rtol=0, atol=0)
+    assert torch.equal(zero, torch.zeros_like(one)) and float(one.std()) > 0.8
+    # Through a model (keep_init: the model's own initialisation leaves it alone).
+    att = {"name": "adaptive_span", "max_span": 64, "key_pe_std": 0.0}
+    model = create_model("vanilla-tiny", attention=att)
+    (pe,) = [p for n, p in model.named_parameters() if n.endswith("key_pe")]
+    assert torch.equal(pe.detach(), torch.zeros_like(pe))
+
+
+def test_the_dense_at_init_ablation_is_causal_dense_attention_without_any_reset():
+    """The quality suite's ``adaptive-span-dense`` row starts as dense attention: with its
+    settings as they come (no make_dense_equivalent_), the part's output is plain causal dense
+    attention over the same projections, and the default settings' output is not."""
+    from effiformer.attention.base import AttentionPart
+    from effiformer.bench.mechanisms import mechanism_settings
+
+    settings = dict(mechanism_settings("adaptive-span-dense", "mqar", 32))
+    settings.pop("name")
+    m, pos = _part(**settings)
+    x, _ = _inputs(tq=32, mem=0)
+    mask = AttentionMask(causal=True)
+    want = AttentionPart.dense_reference(m, x, mask=mask)
+    # rtol 1e-7: the renormalisation's eps (1e-8) is all that differs
+    assert_close(m(x, mask=mask, positions=pos).out, want, rtol=1e-7, atol=1e-9)
+    plain = dict(mechanism_settings("adaptive-span", "mqar", 32))
+    plain.pop("name")
+    m2, pos2 = _part(**plain)
+    out2 = m2(x, mask=mask, positions=pos2).out
+    assert (out2 - AttentionPart.dense_reference(m2, x, mask=mask)).abs().max() > 1e-2
 
 
 def test_projections_have_no_biases():
@@ -536,6 +576,8 @@ def test_spans_grow_past_the_copy_distance():
         ("trim_step", 0),
         ("eps", -1.0),
         ("trim", "yes"),
+        ("key_pe_std", -1.0),
+        ("key_pe_std", float("nan")),
     ],
 )
 def test_bad_config_values_name_the_field(field, value):
