@@ -62,7 +62,6 @@ def test_settings_follow_the_papers_rules_for_the_length():
     assert mechanism_settings("adaptive-span-pe0", "mqar", 64)["key_pe_std"] == 0.0
     bridge = mechanism_settings("adaptive-span-dense", "mqar", 64)
     assert (bridge["init_span"], bridge["include_self"], bridge["penalty"]) == (1.0, True, 0.0)
-    assert mechanism_settings("dense-nobias", "mqar", 64) == {"name": "dense", "bias": False}
 
 
 def test_smoke_run_end_to_end_then_resume_skips_finished_cells(tmp_path):

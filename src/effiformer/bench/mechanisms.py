@@ -98,10 +98,6 @@ MECHANISMS: dict[str, Mechanism] = {
                   "ablation: dense at initialisation (spans at S, the query's own position, "
                   "key_pe at zero, no span loss); what still differs: no projection biases, "
                   "key_pe and the spans train", default=False),
-        Mechanism("dense-nobias", "vanilla", ("causal", "bidirectional", "lm"),
-                  lambda task, t: {"name": "dense", "bias": False},
-                  "ablation: no biases on the Q, K, V, O projections (as adaptive span's)",
-                  default=False),
         Mechanism("dense-sinusoidal", "vanilla", ("causal", "bidirectional", "lm"),
                   lambda task, t: {"name": "dense"},
                   "ablation: sinusoidal instead of learned absolute positions",
