@@ -41,10 +41,11 @@ def score_terms(
     model: torch.nn.Module, x: torch.Tensor, needs: list[list[tuple[int, int]]], n_pairs: int
 ) -> list[dict[str, float]]:
     """Per adaptive-span layer: std of the content and position terms over visible pairs, and
-    the two weights of the recall circuit, best head: ``previous``, the weight a value position
-    puts on the key just before it (what the first layer of the circuit does), and ``recall``,
-    the weight a query puts on the position of its pair's value (the second). ``needs``: per row,
-    (query position, value position)."""
+    the weights of the recall circuit, best head: ``previous``, the weight a value position puts
+    on the key just before it; ``recall``, the weight a query puts on its pair's value, and
+    ``recall_next``, on the position right after it (a model whose queries do not see their own
+    position reads the value there: the next position took it in with a previous-token head).
+    ``needs``: per row, (query position, value position); the value is never the last position."""
     (key_pe,) = [p for n, p in model.named_parameters() if n.endswith("key_pe")]
     layers = [m for m in model.modules() if isinstance(m, AdaptiveSpanAttention)]
     inputs: dict[int, torch.Tensor] = {}
@@ -83,9 +84,11 @@ def score_terms(
         qs = torch.tensor([q for nd in needs for q, _ in nd])
         vs = torch.tensor([v for nd in needs for _, v in nd])
         recall = probs[rows, :, qs, vs].mean(dim=0)  # (H,)
+        recall_next = probs[rows, :, qs, vs + 1].mean(dim=0)  # (H,)
         out.append({"layer": i, "content_std": var_c**0.5, "position_std": var_p**0.5,
                     "position_share": var_p / (var_p + var_c), "spans": spans,
-                    "previous": float(previous.max()), "recall": float(recall.max())})  # fmt: skip
+                    "previous": float(previous.max()), "recall": float(recall.max()),
+                    "recall_next": float(recall_next.max())})  # fmt: skip
     return out
 
 
@@ -138,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             f.write(json.dumps(row) + "\n")
     lines = [
         "| cell | weights | layer | content std | position std | position share | spans | "
-        "previous | recall |",
+        "previous | recall: value / next |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
@@ -146,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             f"| {row['cell']} | {row['when']} | {row['layer']} | {row['content_std']:.2f} | "
             f"{row['position_std']:.2f} | {100 * row['position_share']:.0f}% | "
             + " / ".join(f"{s:.0f}" for s in row["spans"])
-            + f" | {row['previous']:.2f} | {row['recall']:.2f} |"
+            + f" | {row['previous']:.2f} | {row['recall']:.2f} / {row['recall_next']:.2f} |"
         )
     (out / "key_pe.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

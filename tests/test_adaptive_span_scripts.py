@@ -50,3 +50,58 @@ def test_comparison_records_bpc_and_learned_spans_then_the_report_reads_them(
     assert {(r["layer"], r["head"]): r["span"] for r in rows[1:]} == saved
     assert (rep / "spans.png").read_bytes()[:4] == b"\x89PNG"
     assert "mean span per layer" in (rep / "spans.txt").read_text()
+
+
+def test_key_pe_script_splits_the_score_and_reads_quality_cells(tmp_path, bench_script):
+    """benchmarks/adaptive_span_key_pe.py: the position term is linear in key_pe (zero with
+    key_pe at zero, doubled with key_pe doubled) and the content term does not move with it;
+    on a smoke quality run it writes a row per cell, weights and layer, and refuses an unknown
+    cell with one line."""
+    from effiformer import create_model
+    from effiformer.bench.quality import run_quality
+    from effiformer.tasks.mqar import MQARTask
+
+    script = bench_script("adaptive_span_key_pe")
+    torch.manual_seed(0)
+    model = create_model("vanilla-tiny", attention={"name": "adaptive_span", "max_span": 64},
+                         seq_len=64, init="lecun")  # fmt: skip  (the quality suite's init)
+    task = MQARTask(seq_len=64, batch_size=4, seed=0)
+    x, _ = task.split("test")
+    x = x[:4]
+    needs = [[(2 * task.n_pairs + 1, 1)] for _ in range(4)]  # any (query, value) pairs
+    (pe,) = [p for n, p in model.named_parameters() if n.endswith("key_pe")]
+    one = script.score_terms(model, x, needs, task.n_pairs)
+    with torch.no_grad():
+        pe.mul_(2.0)
+    two = script.score_terms(model, x, needs, task.n_pairs)
+    with torch.no_grad():
+        pe.zero_()
+    zero = script.score_terms(model, x, needs, task.n_pairs)
+    # the first layer's input does not depend on key_pe (later layers' inputs do)
+    a, b, z = one[0], two[0], zero[0]
+    assert abs(b["position_std"] - 2 * a["position_std"]) < 1e-4 * a["position_std"]
+    assert a["content_std"] == b["content_std"] == z["content_std"] > 0
+    for a, z in zip(one, zero, strict=True):
+        assert z["position_std"] == 0 and z["position_share"] == 0
+        assert 0.2 < a["position_share"] < 0.8  # N(0, 1): as large as the content term here
+        for k in ("previous", "recall", "recall_next"):
+            assert 0 <= a[k] <= 1
+
+    out = tmp_path / "q"
+    threads = torch.get_num_threads()
+    try:
+        run_quality(["mqar"], ["adaptive-span", "adaptive-span-pe0"], budget="smoke", out=out,
+                    progress=False)  # fmt: skip
+        cells = ["mqar/adaptive-span/T64/lr0.003/s0", "mqar/adaptive-span-pe0/T64/lr0.003/s0"]
+        assert script.main(["--out", str(out), "--cells", *cells, "--sequences", "4"]) == 0
+        assert script.main(["--out", str(out), "--cells", "mqar/nothing/T64/lr0.003/s0"]) == 2
+    finally:
+        torch.set_num_threads(threads)
+    rows = [json.loads(x) for x in (out / "key_pe.jsonl").read_text().splitlines()]
+    assert [(r["cell"], r["when"], r["layer"]) for r in rows] == [
+        (c, w, 0) for c in cells for w in ("init", "trained")
+    ]
+    pe0_init = rows[2]
+    assert pe0_init["position_std"] == 0 and pe0_init["test_accuracy"] is None
+    assert rows[0]["position_share"] > 0.2 and rows[1]["test_accuracy"] is not None
+    assert (out / "key_pe.md").read_text().count("\n") == 2 + len(rows)
