@@ -33,3 +33,22 @@ for lr in 3e-3 1e-2; do
   effiformer bench "${q[@]}" adaptive-span --budget cpu --tasks mqar --lengths 64 --lr $lr \
     --out $R/quality_cpu_mqar_spanclip
 done
+# 2026-12-07, second session: the cause. Dense attention at initialisation through the part
+# (adaptive-span-dense) solves MQAR at 64 like dense; key_pe started at zero instead of N(0, 1)
+# (adaptive-span-pe0, nothing else changed) solves it in three seeds and at 256, where the
+# plain row stays on the plateau in the same three seeds (the later --seeds wins); and what the
+# zero start costs on PTB
+effiformer bench "${q[@]}" adaptive-span-dense adaptive-span-pe0 --budget cpu --tasks mqar \
+  --lengths 64 --lr 1e-3 --out $R/quality_cpu_mqar_spanclip
+effiformer bench "${q[@]}" adaptive-span-pe0 --budget cpu --tasks mqar --lengths 256 --lr 1e-3 \
+  --out $R/quality_cpu_mqar_spanclip
+effiformer bench "${q[@]}" adaptive-span-pe0 adaptive-span --seeds 3 --budget cpu \
+  --tasks mqar --lengths 64 --lr 1e-3 --out $R/quality_cpu_mqar_spanclip
+effiformer bench "${q[@]}" adaptive-span-pe0 --budget cpu --tasks lm-ptb --lr 3e-3 --data "$D" \
+  --out $R/quality_cpu_lm_spanclip
+# the score split into content and key_pe terms, and the recall circuit's weights
+python benchmarks/adaptive_span_key_pe.py --out $R/quality_cpu_mqar_spanclip --cells \
+  mqar/adaptive-span/T64/lr0.001/s{0,1,2} mqar/adaptive-span-pe0/T64/lr0.001/s{0,1,2} \
+  mqar/adaptive-span-dense/T64/lr0.001/s0 mqar/adaptive-span-self/T64/lr0.001/s0 \
+  mqar/adaptive-span/T256/lr0.001/s0 mqar/adaptive-span-pe0/T256/lr0.001/s0 \
+  mqar/adaptive-span-full/T256/lr0.001/s0
