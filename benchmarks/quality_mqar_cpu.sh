@@ -21,8 +21,11 @@ seeds=(--lr 1e-3 --jobs 1)
 effiformer bench "${common[@]}" --attention lsra --lengths 64 "${seeds[@]}" --seeds 3
 effiformer bench "${common[@]}" --attention local --lengths 1024 "${seeds[@]}"
 effiformer bench "${common[@]}" --attention dense --lengths 64 256 "${seeds[@]}" --seeds 3
+# 2026-12-07, second session: the budget's learning-rate sweep at 64 for the other rows (1e-3 /
+# 3e-3 / 1e-2; the 1e-3 cells above are reused), two lanes with disjoint rows
+effiformer bench "${common[@]}" --attention lsh relative-xl routing lsra --lengths 64 --jobs 1
+effiformer bench "${common[@]}" --attention sparse-strided sparse-fixed local --lengths 64 --jobs 1
 # not run yet: dense's second seed at 1,024 (about an hour of one loaded core), the other rows at
-# 1,024, and the other rows' own learning-rate sweeps at 64 (every row above trained at dense's
-# best rate, 1e-3)
+# 1,024
 effiformer bench "${common[@]}" --attention dense --lengths 1024 "${seeds[@]}" --seeds 2
 effiformer bench "${common[@]}" --attention "${others[@]}"
