@@ -449,3 +449,31 @@ def test_a_cell_stopped_part_way_continues_from_its_checkpoint_to_the_same_resul
     assert rest["steps_done"] == whole["steps_done"] == 8
     assert (rest["valid"], rest["test"]) == (whole["valid"], whole["test"])
     assert rest["valid_all"]["loss"] == whole["valid_all"]["loss"]
+
+
+def test_sweep_cells_at_other_rates_compete_with_fixed_rate_cells():
+    """A sweep run after cells trained at a fixed rate (``--lr 1e-3``, phase main): its cells at
+    the other rates are not dropped from the table; the row shows the rate the sweep's rule
+    picks among the seed-0 cells (with the budget's target: the fewest steps to it wins), and
+    the other rates are listed under the table."""
+    base = {"task": "mqar", "mechanism": "routing", "length": 64, "status": "ok",
+            "settings": {"name": "routing"}, "budget": "cpu"}  # fmt: skip
+    recs = [
+        {**base, "phase": "main", "lr": 1e-3, "seed": 0, "valid": 0.998, "test": 0.996,
+         "steps_done": 6000},
+        {**base, "phase": "sweep", "lr": 3e-3, "seed": 0, "valid": 0.997, "test": 0.998,
+         "steps_done": 5000},
+        {**base, "phase": "sweep", "lr": 1e-2, "seed": 0, "valid": 0.26, "test": 0.254,
+         "steps_done": 8000},
+        {**base, "phase": "main", "lr": 1e-3, "seed": 0, "valid": 0.23, "test": 0.222,
+         "steps_done": 8000, "length": 256},
+    ]  # fmt: skip
+    table = format_quality_table(recs)
+    row = next(line for line in table.splitlines() if line.startswith("| routing |"))
+    # both reached the cpu budget's target (99.5%): 3e-3 got there in fewer steps
+    assert row.startswith("| routing | 0.001, 0.003 | 99.8% (1) | 22.2% (1) |"), row
+    assert "routing at T=64, lr 0.001: 99.6% (1); routing at T=64, lr 0.01: 25.4% (1)" in table
+    # without a target (the smoke budget has none), the best validation score alone decides
+    smoke = [{**r, "budget": "smoke"} for r in recs]
+    row = next(x for x in format_quality_table(smoke).splitlines() if x.startswith("| routing |"))
+    assert row.startswith("| routing | 0.001 | 99.6% (1) | 22.2% (1) |"), row

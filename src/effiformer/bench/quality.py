@@ -1019,8 +1019,7 @@ def format_quality_table(records: list[dict[str, Any]]) -> str:
         out.append("|" + "---|" * (len(lengths) + 3))
         for m in mechs:
             row = [m]
-            lrs = sorted({c["lr"] for n in lengths for c in _pick(recs, m, n)
-                          if c["phase"] == "main"})  # fmt: skip
+            lrs = sorted({c["lr"] for n in lengths for c in _pick(recs, m, n)})
             row.append(", ".join(f"{x:g}" for x in lrs) or "-")
             for n in lengths:
                 cell = _pick(recs, m, n)
@@ -1039,41 +1038,43 @@ def format_quality_table(records: list[dict[str, Any]]) -> str:
 
 
 def _pick(recs: list[dict[str, Any]], m: str, n: int) -> list[dict[str, Any]]:
-    """The main cells of (m, n) at their chosen rate: the sweep cell of seed 0 at the best rate
-    counts as that seed's main cell."""
-    main = [r for r in recs if r["mechanism"] == m and r["length"] == n and r["phase"] == "main"]
-    rates = {r["lr"] for r in main}
-    sweep = [r for r in recs if r["mechanism"] == m and r["length"] == n
-             and r["phase"] == "sweep" and r["lr"] in rates]  # fmt: skip
-    if not main:  # only the sweep ran so far: show its best rate
-        sweep_all = [r for r in recs if r["mechanism"] == m and r["length"] == n]
-        ok = [r for r in sweep_all if r.get("status") == "ok"]
-        return (
-            [max(ok, key=lambda r: r["valid"] * (1 if TASKS[r["task"]][2] else -1))]
-            if ok
-            else sweep_all[:1]
-        )
-    cells = main + sweep
+    """The cells of (m, n) at their chosen rate: main cells and the sweep's (seed-0) cells
+    alike, so a sweep run after main cells at a fixed rate (``--lr X``) competes with them.
+    Where several rates ran, the row shows the rate the sweep's rule picks among their seed-0
+    cells (the best validation score; reaching the target in fewer steps breaks ties)."""
+    cells = [r for r in recs if r["mechanism"] == m and r["length"] == n]
+    if not cells:
+        return []
     rates = {r["lr"] for r in cells}
-    if len(rates) > 1:  # main cells at several rates (runs with --lr X): the row shows the rate
-        # the sweep's rule picks among their seed-0 cells
+    if len(rates) > 1:
         first = [r for r in cells if r.get("seed") == 0] or cells
-        best = _best_lr(first, TASKS[first[0]["task"]][2], first[0].get("target"))
-        cells = [r for r in cells if r["lr"] == best] if best is not None else cells
+        best = _best_lr(first, TASKS[first[0]["task"]][2], _target_of(first[0]))
+        cells = [r for r in cells if r["lr"] == best] if best is not None else cells[:1]
     return cells
+
+
+def _target_of(rec: dict[str, Any]) -> float | None:
+    """The validation target a record's cell stopped at: its budget's for the task (the
+    records do not carry it), or the record's own ``target`` where one is given."""
+    if "target" in rec:
+        return rec["target"]
+    budget = BUDGETS.get(rec.get("budget", ""))
+    tb = budget.tasks.get(rec["task"]) if budget is not None else None
+    return tb.target if tb is not None else None
 
 
 def _other_rates(
     recs: list[dict[str, Any]], mechs: list[str], lengths: list[int], metric: str
 ) -> list[str]:
-    """A line naming the main cells a row leaves out because another rate did better."""
+    """A line naming the cells (main or sweep) a row leaves out because another rate did
+    better."""
     scale, unit = (100.0, "%") if metric == "accuracy" else (1.0, "")
     items = []
     for m in mechs:
         for n in lengths:
             shown = {id(r) for r in _pick(recs, m, n)}
             rest = [r for r in recs if r["mechanism"] == m and r["length"] == n
-                    and r["phase"] == "main" and id(r) not in shown]  # fmt: skip
+                    and id(r) not in shown]  # fmt: skip
             for lr in sorted({r["lr"] for r in rest}):
                 vals = [r["test"] for r in rest if r["lr"] == lr and r.get("status") == "ok"]
                 got = (
