@@ -11,7 +11,8 @@ Implemented:
   ``t-1``; the official ``_skew``/``_unskew`` layout does the same: a query's ``L`` columns are
   the keys at distances ``L ... 1``). Scores are ``s_tr = q_t . (k_r + p_{t-r}) / sqrt(d_head)``
   with one learned position embedding ``key_pe`` of shape (1, d_head, S), random-normal
-  initialised and shared by every layer and every head (the official ``TransformerSeq.key_pe``):
+  initialised (std ``key_pe_std``, the official 1) and shared by every layer and every head (the
+  official ``TransformerSeq.key_pe``):
   it lives in the group's shared module (:meth:`AdaptiveSpanAttention.build_shared`) and reaches
   the layers through ``prepare``. The projections have no biases (``MultiHeadSeqAttention``).
   ``include_self=True`` is an option (distances ``0 ... S-1``), off by default.
