@@ -46,6 +46,14 @@ effiformer bench "${q[@]}" adaptive-span-pe0 adaptive-span --seeds 3 --budget cp
   --tasks mqar --lengths 64 --lr 1e-3 --out $R/quality_cpu_mqar_spanclip
 effiformer bench "${q[@]}" adaptive-span-pe0 --budget cpu --tasks lm-ptb --lr 3e-3 --data "$D" \
   --out $R/quality_cpu_lm_spanclip
+# second seeds: pe0 at 256, and both starts on PTB (the later --seeds wins)
+effiformer bench "${q[@]}" adaptive-span-pe0 --seeds 2 --budget cpu --tasks mqar --lengths 256 \
+  --lr 1e-3 --out $R/quality_cpu_mqar_spanclip
+effiformer bench "${q[@]}" adaptive-span adaptive-span-pe0 --seeds 2 --budget cpu --tasks lm-ptb \
+  --lr 3e-3 --data "$D" --out $R/quality_cpu_lm_spanclip
+# pe0 on tinyshakespeare at 1,024 (the plain row's cell is above)
+effiformer bench "${q[@]}" adaptive-span-pe0 --budget cpu --tasks lm-shakespeare --lr 3e-3 \
+  --data "$D" --out $R/quality_cpu_lm_spanclip
 # the score split into content and key_pe terms, and the recall circuit's weights
 python benchmarks/adaptive_span_key_pe.py --out $R/quality_cpu_mqar_spanclip --cells \
   mqar/adaptive-span/T64/lr0.001/s{0,1,2} mqar/adaptive-span-pe0/T64/lr0.001/s{0,1,2} \
