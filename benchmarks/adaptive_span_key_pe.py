@@ -81,8 +81,8 @@ def score_terms(
         vals = torch.arange(1, 2 * n_pairs, 2)
         previous = probs[:, :, vals, vals - 1].mean(dim=(0, 2))  # (H,)
         rows = torch.tensor([b for b, nd in enumerate(needs) for _ in nd])
-        qs = torch.tensor([q for nd in needs for q, _ in nd])
-        vs = torch.tensor([v for nd in needs for _, v in nd])
+        qs = torch.tensor([qi for nd in needs for qi, _ in nd])
+        vs = torch.tensor([vi for nd in needs for _, vi in nd])
         recall = probs[rows, :, qs, vs].mean(dim=0)  # (H,)
         recall_next = probs[rows, :, qs, vs + 1].mean(dim=0)  # (H,)
         out.append({"layer": i, "content_std": var_c**0.5, "position_std": var_p**0.5,

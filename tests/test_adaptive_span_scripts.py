@@ -68,7 +68,7 @@ def test_key_pe_script_splits_the_score_and_reads_quality_cells(tmp_path, bench_
         attention={"name": "adaptive_span", "max_span": 64},
         seq_len=64,
         init="lecun",
-    )  # fmt: skip  (the quality suite's init)
+    )  # init="lecun": the quality suite's
     task = MQARTask(seq_len=64, batch_size=4, seed=0)
     x, _ = task.split("test")
     x = x[:4]
