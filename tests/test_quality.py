@@ -60,6 +60,8 @@ def test_settings_follow_the_papers_rules_for_the_length():
     assert mechanism_settings("adaptive-span-self", "mqar", 64)["include_self"] is True
     assert "include_self" not in mechanism_settings("adaptive-span", "mqar", 64)
     assert mechanism_settings("adaptive-span-pe0", "mqar", 64)["key_pe_std"] == 0.0
+    assert mechanism_settings("routing-mute", "lm-ptb", 1024)["mute_routed"] is True
+    assert "mute_routed" not in mechanism_settings("routing", "lm-ptb", 1024)
     bridge = mechanism_settings("adaptive-span-dense", "mqar", 64)
     assert (bridge["init_span"], bridge["include_self"], bridge["penalty"]) == (1.0, True, 0.0)
 

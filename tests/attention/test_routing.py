@@ -186,6 +186,38 @@ def test_routing_heads_reach_beyond_the_local_window_through_their_cluster():
 
 
 @pytest.mark.parametrize("causal", [True, False])
+def test_mute_routed_zeroes_exactly_the_routed_heads_output(causal):
+    # the ablation of issue 22 (does routing's routed head help, fail to help or harm?): the
+    # output is the output projection of [zeros for the routed head, the local head's output],
+    # the same module's unmuted output differs, and the routed head's weights no longer matter
+    cfg = RoutingConfig(window=8, clusters=4)
+    m = _part(cfg, dim=16, heads=2, causal=causal).double().eval()
+    muted = _part(dataclasses.replace(cfg, mute_routed=True), dim=16, heads=2, causal=causal)
+    muted = muted.double().eval()
+    muted.load_state_dict(m.state_dict())
+    x = torch.randn(2, 32, 16, dtype=torch.float64)
+    mask = AttentionMask(causal=causal)
+    seen = {}
+    handle = m.o_proj.register_forward_hook(lambda mod, inp, out: seen.update(o=inp[0]))
+    full = _run(m, x, mask).out
+    handle.remove()
+    o = seen["o"].clone()  # (B, T, H*Dh): the routed head's columns first
+    o[..., :8] = 0
+    assert seen["o"][..., :8].abs().max() > 1e-3  # the routed head did contribute
+    assert_close(_run(muted, x, mask).out, m.o_proj(o), rtol=1e-12, atol=1e-12)
+    assert (full - _run(muted, x, mask).out).abs().max() > 1e-3
+    with torch.no_grad():  # the routed head's query and value rows (first 8) change nothing
+        muted.q_proj.weight[:8] += 1.0
+        muted.v_proj.weight[:8] += 1.0
+    assert_close(_run(muted, x, mask).out, m.o_proj(o), rtol=1e-12, atol=1e-12)
+
+
+def test_mute_routed_must_be_a_bool():
+    with pytest.raises(ConfigError, match="mute_routed"):
+        RoutingConfig(mute_routed=1)
+
+
+@pytest.mark.parametrize("causal", [True, False])
 def test_local_heads_see_their_own_block_and_the_previous_one_exactly(causal):
     # issue 23: a mutant whose local heads drop the previous block was caught only by a memory
     # test. Local heads only (routing_heads=0), window 8: a query in block 1 (positions 8..15)

@@ -152,6 +152,10 @@ class RoutingConfig(AttentionConfig):
         ``sparsity_cluster_relative`` with ``max_relative_position``, 513 in the released
         models): the token distance in the local heads, the rank inside the cluster's
         position-sorted window in the routing heads, clipped to +-M; ``None``: none.
+    mute_routed: an ablation, not part of the method: the routed heads' output is zeroed before
+        the output projection (their k-means still runs), so the model has its local heads and
+        nothing from the routed ones at the same parameter count: does a routed head help, fail
+        to help, or harm? (``False``: the method.)
     """
 
     name = "routing"
@@ -169,9 +173,14 @@ class RoutingConfig(AttentionConfig):
     commitment: float = 1e-4
     bias: bool = False
     max_relative_position: int | None = None
+    mute_routed: bool = False
 
     def __post_init__(self) -> None:
         self._check_positive("window")
+        if not isinstance(self.mute_routed, bool):
+            raise ConfigError(
+                f"attention.mute_routed must be true or false, got {self.mute_routed!r}"
+            )
         if self.max_relative_position is not None:
             self._check_positive("max_relative_position")
         for name in ("routing_heads", "skip_first"):
@@ -506,6 +515,8 @@ class RoutingAttention(AttentionPart):
         outs: list[Tensor] = []
         if hr:
             o, aux, updates = self._routing(q_r, k_r, v_r, real, positions, p)  # (B, H_r, T, Dh)
+            if self.config.mute_routed:  # the ablation: nothing from the routed heads
+                o = torch.zeros_like(o)
             outs.append(o.transpose(1, 2))  # (B, T, H_r, Dh)
         if self.n_local:
             # the local heads read q, k, v in place (views of the projection: no copies)

@@ -106,6 +106,11 @@ MECHANISMS: dict[str, Mechanism] = {
                   lambda task, t: {"name": "routing", "window": _window(task, t),
                                    "routing_heads": 0},
                   "ablation: every head local, through the routing part", default=False),
+        Mechanism("routing-mute", "vanilla", ("causal", "bidirectional", "lm"),
+                  lambda task, t: {"name": "routing", "window": _window(task, t),
+                                   "mute_routed": True},
+                  "ablation: the routed heads' output zeroed (the local heads alone, same "
+                  "parameters)", default=False),
         Mechanism("routing-wide", "vanilla", ("causal", "bidirectional", "lm"),
                   lambda task, t: {"name": "routing", "window": _window(task, t), "clusters": 4},
                   "ablation: 4 clusters of T/4 tokens instead of sqrt(T) of sqrt(T)",
