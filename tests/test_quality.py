@@ -222,6 +222,64 @@ def test_quality_flags_are_refused_outside_quality(capsys):
     assert "--tasks only apply to --part quality" in capsys.readouterr().err
 
 
+def _fake(task, mech, length, lr, seed, valid, *, steps=100, train_s=10.0, status="ok"):
+    return {"cell": f"{task}/{mech}/T{length}/lr{lr:g}/s{seed}", "task": task, "mechanism": mech,
+            "length": length, "lr": lr, "seed": seed, "status": status, "valid": valid,
+            "steps_done": steps, "train_s": train_s}  # fmt: skip
+
+
+def test_plan_counts_the_sweep_then_the_seeds_at_its_best_rate(tmp_path, capsys):
+    from effiformer.bench.quality import format_quality_plan, quality_plan
+
+    budget = dataclasses.replace(BUDGETS["cpu"], tasks={
+        "duplication": dataclasses.replace(BUDGETS["cpu"].tasks["duplication"], steps=400),
+        "listops": BUDGETS["cpu"].tasks["listops"]})  # fmt: skip
+    out = tmp_path / "q"
+    out.mkdir()
+    recs = [
+        # dense: the whole sweep (3e-3 best) and seed 1 at 3e-3; seed 2 left
+        _fake("duplication", "dense", 256, 1e-3, 0, 0.5),
+        _fake("duplication", "dense", 256, 3e-3, 0, 0.9),
+        _fake("duplication", "dense", 256, 1e-2, 0, 0.1),
+        _fake("duplication", "dense", 256, 3e-3, 1, 0.9, train_s=30.0),
+        # a seed at a rate the sweep did not choose does not count
+        _fake("duplication", "dense", 256, 1e-3, 1, 0.5),
+        # local: one rate of the sweep; its seeds wait for the rest of it
+        _fake("duplication", "local", 256, 1e-3, 0, 0.4),
+    ]
+    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    rows = quality_plan(["duplication", "listops"], ["dense", "local", "lsh"], budget=budget,
+                        out=out)  # fmt: skip
+    by = {(r["task"], r["mechanism"]): r for r in rows}
+    assert [r["task"] for r in rows] == ["duplication"] * 3 + ["listops"] * 3  # grouped by task
+    dense = by["duplication", "dense"]
+    # 3 sweep cells + 3 seeds, the sweep's seed-0 cell at the best rate counted once
+    assert (dense["planned"], dense["recorded"], dense["to_run"], dense["waiting"]) == (5, 4, 1, 0)
+    assert dense["best_lr"] == 3e-3
+    # seconds per step of its recorded cells: mean of 0.1 (x4) and 0.3, times 400 steps
+    assert dense["estimate_s"] == pytest.approx(400 * (4 * 0.1 + 0.3) / 5)
+    local = by["duplication", "local"]
+    assert (local["planned"], local["recorded"], local["to_run"], local["waiting"]) == (5, 1, 2, 2)
+    assert local["best_lr"] is None and local["estimate_s"] == pytest.approx(4 * 0.1 * 400)
+    lsh = by["duplication", "lsh"]
+    assert (lsh["recorded"], lsh["unknown"], lsh["estimate_s"]) == (0, 5, None)
+    assert by["listops", "dense"]["planned"] == 3 + 2 - 1  # two seeds on ListOps
+    text = format_quality_plan(rows)
+    assert "| duplication | dense | 5 | 4 | 1 | 0.003 | 0.02 |" in text
+    assert "| duplication | local | 5 | 1 | 4 | after the sweep |" in text
+    assert "5 of 27 cells recorded" in text
+    # a fixed rate: no sweep, seeds x lengths
+    rows = quality_plan(["duplication"], ["dense"], budget=budget, out=out, lr=1e-3)
+    assert (rows[0]["planned"], rows[0]["recorded"]) == (3, 2)
+    # the CLI prints the plan and writes nothing
+    fresh = tmp_path / "fresh"
+    assert main(["bench", "--part", "quality", "--tasks", "duplication", "--attention", "dense",
+                 "--out", str(fresh), "--plan"]) == 0  # fmt: skip
+    assert "0 of 5 cells recorded" in capsys.readouterr().out and not fresh.exists()
+    assert main(["bench", "--plan"]) == 2
+    assert "--plan only apply to --part quality" in capsys.readouterr().err
+
+
 def test_tasks_and_mechanisms_are_listed(capsys):
     assert main(["bench", "--list-mechanisms"]) == 0
     text = capsys.readouterr().out

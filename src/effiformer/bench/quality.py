@@ -869,6 +869,112 @@ def run_quality(
     return [done[c["cell"]] for c in all_cells if c["cell"] in done]
 
 
+def quality_plan(
+    tasks: Sequence[str] | None = None,
+    mechanisms: Sequence[str] | None = None,
+    *,
+    budget: str | QualityBudget = "cpu",
+    out: str | Path = "quality-out",
+    lengths: Sequence[int] | None = None,
+    seeds: int | None = None,
+    lr: float | None = None,
+) -> list[dict[str, Any]]:
+    """What :func:`run_quality` with these arguments would run, against what ``out`` holds,
+    without running or writing anything: one row per (task, mechanism) with ``planned`` cells
+    (the sweep's rates at the shortest length, then ``seeds`` x lengths at the best rate, the
+    sweep's seed-0 cell counted once), ``recorded``, ``to_run`` and ``waiting`` (cells whose
+    rate the unfinished sweep has not chosen yet), and ``estimate_s``: the cells left times
+    the seconds per step of recorded cells of the same task, mechanism and length (their
+    training time under whatever load they ran; an upper bound where the task stops at a
+    target), ``None`` where no such cell is recorded (``unknown`` counts those cells)."""
+    b = BUDGETS[budget] if isinstance(budget, str) else budget
+    pairs, _ = plan_cells(b, tasks, mechanisms, lengths=lengths, seeds=seeds, lr=lr)
+    order = list(dict.fromkeys(t for t, _ in pairs))
+    pairs = sorted(pairs, key=lambda p: order.index(p[0]))  # by task, as run_quality runs them
+    done = _read_results(Path(out) / RESULTS)
+    per_step: dict[tuple[str, str, int], list[float]] = {}
+    for r in done.values():
+        if r.get("status") == "ok" and r.get("train_s") and r.get("steps_done"):
+            key = (r["task"], r["mechanism"], int(r["length"]))
+            per_step.setdefault(key, []).append(float(r["train_s"]) / int(r["steps_done"]))
+    rows = []
+    for t, m in pairs:
+        tb = b.tasks[t]
+        t_lengths = list(lengths or tb.lengths)
+        rates = (lr,) if lr is not None else tb.lrs
+        cells = []
+        if len(rates) > 1:
+            cells += [cell_id(t, m, t_lengths[0], r, 0) for r in rates]
+        best = rates[0]
+        if len(rates) > 1:
+            recs = [done.get(c) for c in cells]
+            best = _best_lr([r for r in recs if r], TASKS[t][2], tb.target)
+            if any(r is None for r in recs):
+                best = None  # the planner chooses after the whole sweep
+        planned = len(cells)
+        waiting = 0
+        left: list[int] = []  # the lengths of the cells left to run
+        left += [t_lengths[0] for c in cells if c not in done]
+        for s in range(seeds or tb.seeds):
+            for length in t_lengths:
+                if len(rates) > 1 and s == 0 and length == t_lengths[0]:
+                    continue  # the sweep's cell at the best rate
+                planned += 1
+                if best is None:
+                    waiting += 1
+                    left.append(length)
+                elif cell_id(t, m, length, best, s) in done:
+                    cells.append(cell_id(t, m, length, best, s))
+                else:
+                    left.append(length)
+        recorded = sum(c in done for c in cells)
+        estimate, unknown = 0.0, 0
+        for length in left:
+            known = per_step.get((t, m, length))
+            if known:
+                estimate += statistics.fmean(known) * tb.steps_at(length)
+            else:
+                unknown += 1
+        rows.append({
+            "task": t, "mechanism": m, "planned": planned, "recorded": recorded,
+            "to_run": planned - recorded - waiting, "waiting": waiting,
+            "best_lr": best, "estimate_s": None if left and unknown == len(left) else estimate,
+            "unknown": unknown,
+        })  # fmt: skip
+    return rows
+
+
+def format_quality_plan(rows: list[dict[str, Any]]) -> str:
+    """The plan rows as a markdown table with totals."""
+    lines = [
+        "| task | mechanism | planned | recorded | left | rate | left, cell-hours |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        left = r["to_run"] + r["waiting"]
+        rate = "after the sweep" if r["best_lr"] is None else f"{r['best_lr']:g}"
+        est = (
+            "-" if not left else "?" if r["estimate_s"] is None else f"{r['estimate_s'] / 3600:.2f}"
+        )
+        if left and r["estimate_s"] is not None and r["unknown"]:
+            est += f" (+{r['unknown']} unknown)"
+        lines.append(f"| {r['task']} | {r['mechanism']} | {r['planned']} | {r['recorded']} | "
+                     f"{left} | {rate} | {est} |")  # fmt: skip
+    planned = sum(r["planned"] for r in rows)
+    recorded = sum(r["recorded"] for r in rows)
+    hours = sum(r["estimate_s"] or 0.0 for r in rows) / 3600
+    unknown = sum(r["unknown"] for r in rows)
+    lines.append("")
+    lines.append(
+        f"{recorded} of {planned} cells recorded; the {planned - recorded} left take about "
+        f"{hours:.1f} cell-hours by the recorded cells' seconds per step"
+        + (f", plus {unknown} cells with no recorded cell of their task, mechanism and length"
+           if unknown else "")
+        + " (one core each; the budget runs two at a time)"
+    )  # fmt: skip
+    return "\n".join(lines)
+
+
 def _time_cells(
     b: QualityBudget,
     pairs: list[tuple[str, str]],

@@ -118,6 +118,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "$EFFIFORMER_DATA)",
     )  # fmt: skip
     q.add_argument(
+        "--plan", action="store_true",
+        help="print what this command would run against what --out holds (cells planned, "
+        "recorded, left, and the cell-hours left by the recorded cells' step times) and exit "
+        "without running or writing anything",
+    )  # fmt: skip
+    q.add_argument(
         "--list-mechanisms", action="store_true",
         help="list the quality suite's tasks, mechanisms and budgets and exit",
     )  # fmt: skip
@@ -197,7 +203,8 @@ def _check_part_flags(args: argparse.Namespace) -> str | None:
     quality_only = [f for f, v in (("--tasks", args.tasks), ("--attention", args.mechanisms),
                                    ("--seeds", args.seeds), ("--lr", args.lr),
                                    ("--jobs", args.jobs), ("--data", args.data),
-                                   ("--equal-time", args.equal_time))
+                                   ("--equal-time", args.equal_time),
+                                   ("--plan", args.plan or None))
                     if v is not None]  # fmt: skip
     if args.budget != "cpu":
         quality_only.append("--budget")
@@ -262,9 +269,14 @@ def format_quality_catalogue() -> str:
 
 
 def _run_quality(args: argparse.Namespace) -> int:
-    from ..bench.quality import QualityInterrupted, run_quality
+    from ..bench.quality import QualityInterrupted, format_quality_plan, quality_plan, run_quality
 
     out = args.out if args.out != "bench-out" else "quality-out"
+    if args.plan:
+        rows = quality_plan(args.tasks, args.mechanisms, budget=args.budget, out=out,
+                            lengths=args.lengths, seeds=args.seeds, lr=args.lr)  # fmt: skip
+        print(format_quality_plan(rows))
+        return 0
     try:
         records = run_quality(
             args.tasks,
