@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The checks on the PTB rows of docs/quality.md (after benchmarks/quality_lm_cpu.sh's first loop):
 # dense continued to 12,000 steps, dense with sinusoidal positions, and routing with every head
-# local through the routing part. Resumable: rerun to continue (finished cells are skipped).
+# local through the routing part; then (2026-12-07, third session) routing with its routed head
+# muted (routing-mute, two seeds), routing's own second seed, and what the trained routing models
+# do with their routed head (benchmarks/routing_routed_head.py). Resumable: rerun to continue (finished cells are skipped).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${EFFIFORMER_DATA:-../shared/data}
@@ -12,3 +14,7 @@ common=(--part quality --budget cpu --data "$DATA" --out benchmarks/results/qual
   --no-progress --tasks lm-ptb --seeds 1 --lr 3e-3 --jobs 1)
 effiformer bench "${common[@]}" --attention dense-sinusoidal
 effiformer bench "${common[@]}" --attention routing-local --threads 2
+effiformer bench "${common[@]}" --attention routing-mute --seeds 2
+effiformer bench "${common[@]}" --attention routing --seeds 2 --out benchmarks/results/quality_cpu_lm
+python benchmarks/routing_routed_head.py --out benchmarks/results/quality_cpu_lm --data "$DATA" \
+  --cells lm-ptb/routing/T1024/lr0.003/s1 lm-shakespeare/routing/T1024/lr0.003/s0

@@ -17,7 +17,8 @@ Reads each cell's record in ``OUT/results.jsonl`` and its last checkpoint in ``O
 writes ``OUT/routed_head.jsonl`` and ``OUT/routed_head.md``. ``share``: per routing layer, the
 RMS over tokens of the output projection applied to the routed heads' output alone (the local
 columns zeroed), over the sum of that and the same for the local heads, on the first validation
-sequences (``--sequences``).
+sequences (``--sequences``); ``unrouted``: per routing layer, the fraction of (token, routed
+head) pairs that no centroid chose, whose routed output is zero.
 """
 
 from __future__ import annotations
@@ -75,6 +76,19 @@ class Zeroed:
 @torch.no_grad()
 def output_shares(model: torch.nn.Module, x: torch.Tensor) -> list[float]:
     """Per routing layer: RMS of o_proj(routed part) / (RMS routed + RMS local), on ``x``."""
+    return [s for s, _ in _layer_stats(model, x)]
+
+
+@torch.no_grad()
+def unrouted(model: torch.nn.Module, x: torch.Tensor) -> list[float]:
+    """Per routing layer: the fraction of (token, routed head) whose routed output is exactly
+    zero, on ``x``: tokens that no centroid chose (balanced routing gives each centroid its top
+    ``w`` tokens; a token in no centroid's top ``w`` gets nothing from that head)."""
+    return [u for _, u in _layer_stats(model, x)]
+
+
+@torch.no_grad()
+def _layer_stats(model: torch.nn.Module, x: torch.Tensor) -> list[tuple[float, float]]:
     layers = [m for m in model.modules() if isinstance(m, RoutingAttention)]
     seen: dict[int, torch.Tensor] = {}
     hooks = [
@@ -87,7 +101,7 @@ def output_shares(model: torch.nn.Module, x: torch.Tensor) -> list[float]:
     finally:
         for h in hooks:
             h.remove()
-    shares = []
+    stats = []
     for i, m in enumerate(layers):
         c, o = _columns(m), seen[i]
         routed, local = o.clone(), o.clone()
@@ -95,8 +109,10 @@ def output_shares(model: torch.nn.Module, x: torch.Tensor) -> list[float]:
         local[..., :c] = 0
         r = m.o_proj(routed).pow(2).mean().sqrt()
         loc = m.o_proj(local).pow(2).mean().sqrt()
-        shares.append(float(r / (r + loc)) if float(r + loc) > 0 else 0.0)
-    return shares
+        heads = o[..., :c].unflatten(-1, (m.n_routing, m.dims.head_dim))  # (B, T, H_r, Dh)
+        zero = float((heads == 0).all(dim=-1).double().mean()) if c else 0.0
+        stats.append((float(r / (r + loc)) if float(r + loc) > 0 else 0.0, zero))
+    return stats
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,20 +167,23 @@ def main(argv: list[str] | None = None) -> int:
         data = task.corpus.split("valid")[: args.sequences * t]
         x = data[: data.numel() // t * t].view(-1, t)  # (sequences, T): consecutive windows
         row["routed_share"] = output_shares(model, x)
+        row["unrouted"] = unrouted(model, x)
         rows.append(row)
     with open(out / "routed_head.jsonl", "w") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
     lines = [
         "| cell | valid bpc | routed heads zeroed | local heads zeroed | routed share of the "
-        "attention output, per routing layer |",
-        "|---|---|---|---|---|",
+        "attention output, per routing layer | tokens no centroid chose, per routing layer |",
+        "|---|---|---|---|---|---|",
     ]
     for row in rows:
         lines.append(
             f"| {row['cell']} | {row['valid']:.3f} | {row['valid_routed_zeroed']:.3f} | "
             f"{row['valid_local_zeroed']:.3f} | "
             + " / ".join(f"{s:.2f}" for s in row["routed_share"])
+            + " | "
+            + " / ".join(f"{100 * u:.0f}%" for u in row["unrouted"])
             + " |"
         )
     (out / "routed_head.md").write_text("\n".join(lines) + "\n")

@@ -41,6 +41,10 @@ def test_zeroing_the_routed_heads_is_the_muted_model_and_shares_follow(bench_scr
     n_layers = sum(isinstance(m, RoutingAttention) for m in model.modules())
     assert len(shares) == n_layers == 2 and all(0.05 < s < 0.95 for s in shares)
     assert script.output_shares(muted, x) == [0.0] * n_layers
+    # balanced routing: 4 centroids x w = 8 slots for 32 tokens, so a token some centroids
+    # share leaves another unchosen; muted, every routed output is zero
+    assert all(0 < u < 1 for u in script.unrouted(model, x))
+    assert script.unrouted(muted, x) == [1.0] * n_layers
     with pytest.raises(ValueError, match="which"):
         script.Zeroed(model, "both")
 
@@ -65,6 +69,7 @@ def test_script_scores_a_smoke_routing_lm_cell(tmp_path, shared_data, bench_scri
     assert row["cell"] == cell and row["eval_tokens"] == 2048
     assert row["valid"] != row["valid_routed_zeroed"] and row["valid"] != row["valid_local_zeroed"]
     assert len(row["routed_share"]) == 1 and 0 < row["routed_share"][0] < 1
+    assert len(row["unrouted"]) == 1 and 0 <= row["unrouted"][0] < 1
     assert (out / "routed_head.md").read_text().count("\n") == 3
 
 
