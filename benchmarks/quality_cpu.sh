@@ -22,3 +22,13 @@ effiformer bench "${cpu[@]}" --tasks mqar --lengths 1024 --attention dense local
 effiformer bench "${cpu[@]}" --tasks mqar --lengths 1024
 effiformer bench "${cpu[@]}" --tasks mqar --lengths 256
 effiformer bench "${cpu[@]}" --tasks lm-ptb
+# 2026-12-07, third session (the Xeon): the budget's full plan for duplication and ListOps
+# (the sweep 1e-3 / 3e-3 / 1e-2 at seed 0, then the seeds at each row's best rate: three on
+# duplication, two on ListOps; the seed-0 cells at 1e-3 above are reused), two lanes with
+# disjoint rows, one cell each
+lane=(--budget cpu --out "$OUT" --data "$DATA" --no-progress --part quality --jobs 1)
+effiformer bench "${lane[@]}" --tasks duplication --attention dense local sparse-strided \
+  sparse-fixed routing
+effiformer bench "${lane[@]}" --tasks duplication --attention adaptive-span lsra lsh relative-xl
+effiformer bench "${lane[@]}" --tasks listops --attention dense local sparse-strided sparse-fixed
+effiformer bench "${lane[@]}" --tasks listops --attention routing lsh lsra funnel
