@@ -537,3 +537,21 @@ def test_sweep_cells_at_other_rates_compete_with_fixed_rate_cells():
     smoke = [{**r, "budget": "smoke"} for r in recs]
     row = next(x for x in format_quality_table(smoke).splitlines() if x.startswith("| routing |"))
     assert row.startswith("| routing | 0.001 | 99.6% (1) | 22.2% (1) |"), row
+
+
+def test_hash_counts_table_reads_the_rows_chosen_cells_not_every_rate():
+    base = {"task": "duplication", "mechanism": "lsh", "length": 256, "status": "ok",
+            "settings": {"name": "lsh"}, "budget": "cpu", "phase": "sweep"}  # fmt: skip
+
+    def h(x):
+        return {"hashes_1": x, "hashes_2": x, "hashes_4": x, "hashes_8": x, "full": 1.0}
+
+    recs = [
+        {**base, "lr": 1e-3, "seed": 0, "valid": 0.99, "test": 0.99, "hash_evals": h(0.9)},
+        {**base, "lr": 1e-2, "seed": 0, "valid": 0.5, "test": 0.5, "hash_evals": h(0.1)},
+        {**base, "lr": 1e-3, "seed": 1, "valid": 0.99, "test": 0.99, "hash_evals": h(0.8),
+         "phase": "main"},
+    ]  # fmt: skip
+    table = format_quality_table(recs)
+    # 1e-3 is the row's rate: its two seeds (0.9, 0.8), not the 1e-2 cell's 0.1
+    assert "| 256 (2) | 85.0% | 85.0% | 85.0% | 85.0% | 100.0% |" in table, table

@@ -1227,21 +1227,26 @@ def _task_notes(task: str, recs: list[dict[str, Any]]) -> list[str]:
         maj = [r["test_all"].get("majority_accuracy") for r in recs if r.get("test_all")]
         if maj:
             lines.append(f"Majority class of the test set: {100 * statistics.fmean(maj):.1f}%.")
-    lsh = [r for r in recs if r.get("hash_evals")]
-    if lsh:
+    # the hash counts of the cells the row shows (its chosen rate), not of every rate swept
+    hashed = [(m, n, [r["hash_evals"] for r in _pick(recs, m, n) if r.get("hash_evals")])
+              for m in dict.fromkeys(r["mechanism"] for r in recs if r.get("hash_evals"))
+              for n in sorted({r["length"] for r in recs if r["mechanism"] == m})]  # fmt: skip
+    hashed = [(m, n, rs) for m, n, rs in hashed if rs]
+    if hashed:
         bpc = TASKS[task][1] == "bpc"
         lines.append("LSH-trained models (2 hashes) evaluated with other hash counts and with "
-                     f"full attention (test {'bpc' if bpc else 'accuracy'}, mean over "
-                     "seeds):")  # fmt: skip
+                     f"full attention (test {'bpc' if bpc else 'accuracy'}, mean over the "
+                     "row's seeds, at its rate):")  # fmt: skip
         lines.append("")
-        lines.append("| T | 1 hash | 2 | 4 | 8 | full |")
+        named = len({m for m, _, _ in hashed}) > 1
+        lines.append(f"| {'row, ' if named else ''}T | 1 hash | 2 | 4 | 8 | full |")
         lines.append("|---|---|---|---|---|---|")
-        for n in sorted({r["length"] for r in lsh}):
-            rs = [r["hash_evals"] for r in lsh if r["length"] == n]
+        for m, n, rs in hashed:
             cols = [statistics.fmean(h[k] for h in rs) for k in
                     ("hashes_1", "hashes_2", "hashes_4", "hashes_8", "full")]  # fmt: skip
             cells = [f"{c:.3f}" if bpc else f"{100 * c:.1f}%" for c in cols]
-            lines.append(f"| {n} | " + " | ".join(cells) + " |")
+            lines.append(f"| {f'{m}, ' if named else ''}{n} ({len(rs)}) | " + " | ".join(cells)
+                         + " |")  # fmt: skip
     if task == "mqar":
         lines.append("Key-value pairs: T/16 (4 at 64 ... 64 at 1,024); chance = 1/128.")
     return lines
