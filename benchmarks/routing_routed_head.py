@@ -18,7 +18,8 @@ writes ``OUT/routed_head.jsonl`` and ``OUT/routed_head.md``. ``share``: per rout
 RMS over tokens of the output projection applied to the routed heads' output alone (the local
 columns zeroed), over the sum of that and the same for the local heads, on the first validation
 sequences (``--sequences``); ``unrouted``: per routing layer, the fraction of (token, routed
-head) pairs that no centroid chose, whose routed output is zero.
+head) pairs that no centroid chose, whose routed output is zero; both also for the cell's model
+at initialisation (built again from its seed, as the suite builds it).
 """
 
 from __future__ import annotations
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         cell = _make_cell(BUDGETS[r["budget"]], r["task"], r["mechanism"], r["length"], r["lr"],
                           r["seed"], None, data=args.data)  # fmt: skip
-        task, _ = _task_setup(cell)
+        task, init = _task_setup(cell)  # init: the cell's model at initialisation (its seed)
         task.eval_tokens = args.eval_tokens
         model, _ = load_checkpoint(run)
         model.eval()
@@ -168,13 +169,16 @@ def main(argv: list[str] | None = None) -> int:
         x = data[: data.numel() // t * t].view(-1, t)  # (sequences, T): consecutive windows
         row["routed_share"] = output_shares(model, x)
         row["unrouted"] = unrouted(model, x)
+        row["init_routed_share"] = output_shares(init, x)
+        row["init_unrouted"] = unrouted(init, x)
         rows.append(row)
     with open(out / "routed_head.jsonl", "w") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
     lines = [
         "| cell | valid bpc | routed heads zeroed | local heads zeroed | routed share of the "
-        "attention output, per routing layer | tokens no centroid chose, per routing layer |",
+        "attention output, per routing layer (at init) | tokens no centroid chose, per routing "
+        "layer (at init) |",
         "|---|---|---|---|---|---|",
     ]
     for row in rows:
@@ -182,9 +186,13 @@ def main(argv: list[str] | None = None) -> int:
             f"| {row['cell']} | {row['valid']:.3f} | {row['valid_routed_zeroed']:.3f} | "
             f"{row['valid_local_zeroed']:.3f} | "
             + " / ".join(f"{s:.2f}" for s in row["routed_share"])
-            + " | "
+            + " ("
+            + " / ".join(f"{s:.2f}" for s in row["init_routed_share"])
+            + ") | "
             + " / ".join(f"{100 * u:.0f}%" for u in row["unrouted"])
-            + " |"
+            + " ("
+            + " / ".join(f"{100 * u:.0f}%" for u in row["init_unrouted"])
+            + ") |"
         )
     (out / "routed_head.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

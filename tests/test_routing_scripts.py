@@ -70,6 +70,8 @@ def test_script_scores_a_smoke_routing_lm_cell(tmp_path, shared_data, bench_scri
     assert row["valid"] != row["valid_routed_zeroed"] and row["valid"] != row["valid_local_zeroed"]
     assert len(row["routed_share"]) == 1 and 0 < row["routed_share"][0] < 1
     assert len(row["unrouted"]) == 1 and 0 <= row["unrouted"][0] < 1
+    assert len(row["init_unrouted"]) == 1 and 0 < row["init_routed_share"][0] < 1
+    assert row["init_routed_share"] != row["routed_share"]  # trained weights differ from init
     assert (out / "routed_head.md").read_text().count("\n") == 3
 
 
