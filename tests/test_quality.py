@@ -268,6 +268,16 @@ def test_plan_counts_the_sweep_then_the_seeds_at_its_best_rate(tmp_path, capsys)
     assert "| duplication | dense | 5 | 4 | 1 | 0.003 | 0.02 |" in text
     assert "| duplication | local | 5 | 1 | 4 | after the sweep |" in text
     assert "5 of 27 cells recorded" in text
+    # a finished sweep whose cells all diverged: the planner's middle rate, as run_quality
+    bad = [_fake("duplication", "sparse-fixed", 256, r, 0, None, status="diverged")
+           for r in (1e-3, 3e-3, 1e-2)]  # fmt: skip
+    with open(out / "results.jsonl", "a") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in bad))
+    (row,) = quality_plan(["duplication"], ["sparse-fixed"], budget=budget, out=out)
+    assert (row["best_lr"], row["recorded"], row["to_run"], row["waiting"]) == (3e-3, 3, 2, 0)
+    # --steps: the estimate counts those steps
+    (row,) = quality_plan(["duplication"], ["dense"], budget=budget, out=out, steps=40)
+    assert row["estimate_s"] == pytest.approx(40 * (4 * 0.1 + 0.3) / 5)
     # a fixed rate: no sweep, seeds x lengths
     rows = quality_plan(["duplication"], ["dense"], budget=budget, out=out, lr=1e-3)
     assert (rows[0]["planned"], rows[0]["recorded"]) == (3, 2)

@@ -877,6 +877,7 @@ def quality_plan(
     out: str | Path = "quality-out",
     lengths: Sequence[int] | None = None,
     seeds: int | None = None,
+    steps: int | None = None,
     lr: float | None = None,
 ) -> list[dict[str, Any]]:
     """What :func:`run_quality` with these arguments would run, against what ``out`` holds,
@@ -888,7 +889,7 @@ def quality_plan(
     training time under whatever load they ran; an upper bound where the task stops at a
     target), ``None`` where no such cell is recorded (``unknown`` counts those cells)."""
     b = BUDGETS[budget] if isinstance(budget, str) else budget
-    pairs, _ = plan_cells(b, tasks, mechanisms, lengths=lengths, seeds=seeds, lr=lr)
+    pairs, _ = plan_cells(b, tasks, mechanisms, lengths=lengths, seeds=seeds, steps=steps, lr=lr)
     order = list(dict.fromkeys(t for t, _ in pairs))
     pairs = sorted(pairs, key=lambda p: order.index(p[0]))  # by task, as run_quality runs them
     done = _read_results(Path(out) / RESULTS)
@@ -911,6 +912,8 @@ def quality_plan(
             best = _best_lr([r for r in recs if r], TASKS[t][2], tb.target)
             if any(r is None for r in recs):
                 best = None  # the planner chooses after the whole sweep
+            elif best is None:  # a sweep with no usable cell: the planner's middle rate
+                best = rates[len(rates) // 2]
         planned = len(cells)
         waiting = 0
         left: list[int] = []  # the lengths of the cells left to run
@@ -932,7 +935,7 @@ def quality_plan(
         for length in left:
             known = per_step.get((t, m, length))
             if known:
-                estimate += statistics.fmean(known) * tb.steps_at(length)
+                estimate += statistics.fmean(known) * (steps or tb.steps_at(length))
             else:
                 unknown += 1
         rows.append({

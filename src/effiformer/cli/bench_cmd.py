@@ -274,7 +274,8 @@ def _run_quality(args: argparse.Namespace) -> int:
     out = args.out if args.out != "bench-out" else "quality-out"
     if args.plan:
         rows = quality_plan(args.tasks, args.mechanisms, budget=args.budget, out=out,
-                            lengths=args.lengths, seeds=args.seeds, lr=args.lr)  # fmt: skip
+                            lengths=args.lengths, seeds=args.seeds, steps=args.steps,
+                            lr=args.lr)  # fmt: skip
         print(format_quality_plan(rows))
         return 0
     try:
