@@ -55,14 +55,17 @@ def test_script_scores_a_smoke_routing_lm_cell(tmp_path, shared_data, bench_scri
     out = tmp_path / "q"
     threads = torch.get_num_threads()
     try:
-        run_quality(["lm-ptb"], ["routing", "dense"], budget="smoke", out=out,
-                    data=shared_data.root, progress=False)  # fmt: skip
+        run_quality(["lm-ptb"], ["routing"], budget="smoke", out=out, data=shared_data.root,
+                    progress=False)  # fmt: skip
         cell = "lm-ptb/routing/T64/lr0.003/s0"
         argv = ["--out", str(out), "--data", str(shared_data.root), "--eval-tokens", "2048"]
-        assert script.main([*argv, "--cells", cell]) == 0
-        # a cell with no routing attention, or no record, is one line and exit 2
-        assert script.main([*argv, "--cells", "lm-ptb/dense/T64/lr0.003/s0"]) == 2
+        # a cell with no record, or not a language-modelling cell, is one line and exit 2
         assert script.main([*argv, "--cells", "lm-ptb/nothing/T64/lr0.003/s0"]) == 2
+        with open(out / "results.jsonl", "a") as f:
+            f.write(json.dumps({"cell": "mqar/routing/T64/lr0.003/s0", "task": "mqar"}) + "\n")
+        assert script.main([*argv, "--cells", "mqar/routing/T64/lr0.003/s0"]) == 2
+        assert not (out / "routed_head.jsonl").exists()  # nothing written on a refusal
+        assert script.main([*argv, "--cells", cell]) == 0
     finally:
         torch.set_num_threads(threads)
     (row,) = [json.loads(x) for x in (out / "routed_head.jsonl").read_text().splitlines()]
