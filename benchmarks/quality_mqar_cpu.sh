@@ -25,6 +25,8 @@ effiformer bench "${common[@]}" --attention dense --lengths 64 256 "${seeds[@]}"
 # 3e-3 / 1e-2; the 1e-3 cells above are reused), two lanes with disjoint rows
 effiformer bench "${common[@]}" --attention lsh relative-xl routing lsra --lengths 64 --jobs 1
 effiformer bench "${common[@]}" --attention sparse-strided sparse-fixed local --lengths 64 --jobs 1
+# 2026-12-07, third session: LSH at 1,024 (88.7%; paused at its 6,000-step checkpoint and resumed)
+effiformer bench "${common[@]}" --attention lsh --lengths 1024 "${seeds[@]}"
 # not run yet: dense's second seed at 1,024 (about an hour of one loaded core), the other rows at
 # 1,024
 effiformer bench "${common[@]}" --attention dense --lengths 1024 "${seeds[@]}" --seeds 2
