@@ -26,7 +26,7 @@ effiformer bench "${common[@]}" --attention dense --lengths 64 256 "${seeds[@]}"
 effiformer bench "${common[@]}" --attention lsh relative-xl routing lsra --lengths 64 --jobs 1
 effiformer bench "${common[@]}" --attention sparse-strided sparse-fixed local --lengths 64 --jobs 1
 # 2026-12-07, third session: LSH at 1,024 (88.7%; paused at its 6,000-step checkpoint and resumed)
-effiformer bench "${common[@]}" --attention lsh --lengths 1024 "${seeds[@]}"
+effiformer bench "${common[@]}" --attention lsh --lengths 1024 "${seeds[@]}" --seeds 1
 # not run yet: dense's second seed at 1,024 (about an hour of one loaded core), the other rows at
 # 1,024
 effiformer bench "${common[@]}" --attention dense --lengths 1024 "${seeds[@]}" --seeds 2
