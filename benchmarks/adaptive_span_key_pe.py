@@ -29,7 +29,7 @@ import torch
 
 from effiformer.attention import AttentionMask
 from effiformer.attention.adaptive_span import AdaptiveSpanAttention, SpanPositions
-from effiformer.bench.quality import BUDGETS
+from effiformer.bench.quality import BUDGETS, _read_results
 from effiformer.checkpoint import load_checkpoint, load_config
 from effiformer.models.base import IGNORE_INDEX
 from effiformer.registry import build_model
@@ -103,11 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (out / "results.jsonl").is_file():
         print(f"adaptive_span_key_pe.py: {out / 'results.jsonl'} does not exist", file=sys.stderr)
         return 2
-    recs = {}
-    for line in (out / "results.jsonl").read_text().splitlines():
-        if line.strip():
-            r = json.loads(line)
-            recs[r["cell"]] = r
+    recs = _read_results(out / "results.jsonl")  # the harness's reader (cut lines skipped)
     rows = []
     for cell in args.cells:
         if cell not in recs:

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from effiformer.attention.routing import RoutingAttention
-from effiformer.bench.quality import BUDGETS, TASKS, _make_cell, _task_setup
+from effiformer.bench.quality import BUDGETS, TASKS, _make_cell, _read_results, _task_setup
 from effiformer.checkpoint import load_checkpoint
 
 
@@ -131,11 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (out / "results.jsonl").is_file():
         print(f"{name}: {out / 'results.jsonl'} does not exist", file=sys.stderr)
         return 2
-    recs = {}
-    for line in (out / "results.jsonl").read_text().splitlines():
-        if line.strip():
-            r = json.loads(line)
-            recs[r["cell"]] = r
+    recs = _read_results(out / "results.jsonl")  # the harness's reader (cut lines skipped)
     rows = []
     for cell_id in args.cells:
         r = recs.get(cell_id)
