@@ -34,6 +34,7 @@ import torch
 from effiformer.attention.routing import RoutingAttention
 from effiformer.bench.quality import BUDGETS, TASKS, _make_cell, _read_results, _task_setup
 from effiformer.checkpoint import load_checkpoint
+from effiformer.cli.common import positive_int
 
 
 def _columns(m: RoutingAttention) -> int:
@@ -121,8 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="the quality run's folder")
     p.add_argument("--cells", nargs="+", required=True, help="LM cell ids, as in results.jsonl")
     p.add_argument("--data", required=True, help="folder holding ptb/ and tinyshakespeare/")
-    p.add_argument("--sequences", type=int, default=4, help="validation rows for the shares")
-    p.add_argument("--eval-tokens", type=int, default=None,
+    p.add_argument(
+        "--sequences", type=positive_int, default=4, help="validation rows for the shares"
+    )
+    p.add_argument("--eval-tokens", type=positive_int, default=None,
                    help="score a prefix of the validation split (default: all of it)")  # fmt: skip
     args = p.parse_args(argv)
     torch.set_num_threads(1)

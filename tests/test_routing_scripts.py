@@ -61,6 +61,8 @@ def test_script_scores_a_smoke_routing_lm_cell(tmp_path, shared_data, bench_scri
         argv = ["--out", str(out), "--data", str(shared_data.root), "--eval-tokens", "2048"]
         # a cell with no record, or not a language-modelling cell, is one line and exit 2
         assert script.main([*argv, "--cells", "lm-ptb/nothing/T64/lr0.003/s0"]) == 2
+        with pytest.raises(SystemExit):  # argparse: "--sequences: ... must be a positive integer"
+            script.main([*argv, "--cells", cell, "--sequences", "0"])
         with open(out / "results.jsonl", "a") as f:
             f.write(json.dumps({"cell": "mqar/routing/T64/lr0.003/s0", "task": "mqar"}) + "\n")
         assert script.main([*argv, "--cells", "mqar/routing/T64/lr0.003/s0"]) == 2
