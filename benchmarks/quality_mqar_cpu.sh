@@ -27,6 +27,10 @@ effiformer bench "${common[@]}" --attention lsh relative-xl routing lsra --lengt
 effiformer bench "${common[@]}" --attention sparse-strided sparse-fixed local --lengths 64 --jobs 1
 # 2026-12-07, third session: LSH at 1,024 (88.7%; paused at its 6,000-step checkpoint and resumed)
 effiformer bench "${common[@]}" --attention lsh --lengths 1024 "${seeds[@]}" --seeds 1
+# 2026-12-07, fourth session: the LSH cells scored again from their checkpoints with 1 / 2 / 4 / 8
+# hashes and full attention (1,024: 58.4 / 88.7 / 98.0 / 98.8 / 98.7%: capped by its 2 hashes)
+python benchmarks/lsh_hash_counts.py --out "$OUT" \
+    --cells mqar/lsh/T64/lr0.001/s0 mqar/lsh/T1024/lr0.001/s0
 # not run yet: dense's second seed at 1,024 (about an hour of one loaded core), the other rows at
 # 1,024
 effiformer bench "${common[@]}" --attention dense --lengths 1024 "${seeds[@]}" --seeds 2

@@ -4,6 +4,7 @@ reads from them (fixed steps: nothing here is timed)."""
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,3 +48,42 @@ def test_lm_vs_dense_script_records_every_model(tmp_path, data_env, bench_script
     for r in records.values():
         assert r["steps"] == 2 and r["val_bpc"] > 0 and r["val_tokens"] > 100
     assert records["vanilla-small+lsh"]["overrides"]["attention"]["name"] == "lsh"
+
+
+def test_lsh_hash_counts_scores_a_recorded_mqar_cell_again(tmp_path, bench_script):
+    """benchmarks/lsh_hash_counts.py: an LSH MQAR cell recorded without hash counts (as the suite
+    recorded them before it scored every LSH cell) gets them from its checkpoint, appended as the
+    cell's last record, and the table prints them; refusals are one line, nothing written."""
+    from effiformer.bench.quality import _read_results, run_quality
+
+    script = bench_script("lsh_hash_counts")
+    out = tmp_path / "q"
+    threads = torch.get_num_threads()
+    try:
+        (rec,) = run_quality(["mqar"], ["lsh"], budget="smoke", out=out,
+                             progress=False)  # fmt: skip
+        assert set(rec["hash_evals"]) == {"hashes_1", "hashes_2", "hashes_4", "hashes_8", "full"}
+        old = {k: v for k, v in rec.items() if k != "hash_evals"}  # as recorded before
+        (out / "results.jsonl").write_text(json.dumps(old) + "\n")
+        (out / "table.md").write_text("")
+        cell = rec["cell"]
+        assert script.main(["--out", str(out), "--cells", "mqar/lsh/T64/lr0.1/s0"]) == 2
+        with open(out / "results.jsonl", "a") as f:
+            f.write(json.dumps({**old, "cell": "mqar/dense/T64/lr0.003/s0",
+                                "mechanism": "dense"}) + "\n")  # fmt: skip
+        before = (out / "results.jsonl").read_text()
+        assert script.main(["--out", str(out), "--cells", cell, "mqar/dense/T64/lr0.003/s0"]) == 2
+        assert (out / "results.jsonl").read_text() == before  # refused before scoring anything
+        assert script.main(["--out", str(out), "--cells", cell]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    lines = (out / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 3 and json.loads(lines[0]) == old
+    new = _read_results(out / "results.jsonl")[cell]
+    assert {k: v for k, v in new.items() if k not in ("hash_evals", "hash_evals_from")} == old
+    h = new["hash_evals"]
+    assert set(h) == {"hashes_1", "hashes_2", "hashes_4", "hashes_8", "full"}
+    assert all(0.0 <= v <= 1.0 for v in h.values())
+    assert new["hash_evals_from"]["checkpoint"].startswith("step-")
+    assert new["hash_evals_from"]["test_reloaded"] == pytest.approx(rec["test"], abs=0.1)
+    assert "LSH-trained models" in (out / "table.md").read_text()
