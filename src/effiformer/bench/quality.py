@@ -600,6 +600,28 @@ def _read_results(path: Path) -> dict[str, dict[str, Any]]:
     return done
 
 
+def _chosen_rate(
+    done: dict[str, dict[str, Any]],
+    task: str,
+    mechanism: str,
+    length: int,
+    rates: Sequence[float],
+    target: float | None,
+) -> float | None:
+    """The rate every main cell of (``task``, ``mechanism``) trains at, the one rule that
+    :func:`run_quality` runs and :func:`quality_plan` reports: the only rate when there is no
+    sweep; else the best of the sweep's seed-0 cells at ``length`` (:func:`_best_lr`), the
+    middle rate when none of them is usable (all diverged or failed), and ``None`` while a sweep
+    cell is not recorded yet."""
+    if len(rates) == 1:
+        return rates[0]
+    recs = [done.get(cell_id(task, mechanism, length, r, 0)) for r in rates]
+    if any(r is None for r in recs):
+        return None
+    best = _best_lr([r for r in recs if r], TASKS[task][2], target)
+    return rates[len(rates) // 2] if best is None else best
+
+
 def _best_lr(
     records: list[dict[str, Any]], higher: bool, target: float | None = None
 ) -> float | None:
@@ -851,13 +873,9 @@ def run_quality(
             for s in range(n_seeds[t]):
                 for length in t_lengths:
                     for m in mechs:
-                        if len(rates) > 1:
-                            recs = [done.get(cell_id(t, m, t_lengths[0], r, 0)) for r in rates]
-                            best = _best_lr([r for r in recs if r], TASKS[t][2],
-                                            b.tasks[t].target)  # fmt: skip
-                            best = rates[len(rates) // 2] if best is None else best
-                        else:
-                            best = rates[0]
+                        best = _chosen_rate(done, t, m, t_lengths[0], rates, tb.target)
+                        if best is None:  # a sweep cell not recorded (interrupted): never here
+                            raise RuntimeError(f"{t}/{m}: the learning-rate sweep is unfinished")
                         main.append(make(t, m, length, best, s))
             main = [c for c in main if c["cell"] not in {x["cell"] for x in sweep}]
             execute(main, f"{t}: cells")
@@ -908,14 +926,7 @@ def quality_plan(
         cells = []
         if len(rates) > 1:
             cells += [cell_id(t, m, t_lengths[0], r, 0) for r in rates]
-        best = rates[0]
-        if len(rates) > 1:
-            recs = [done.get(c) for c in cells]
-            best = _best_lr([r for r in recs if r], TASKS[t][2], tb.target)
-            if any(r is None for r in recs):
-                best = None  # the planner chooses after the whole sweep
-            elif best is None:  # a sweep with no usable cell: the planner's middle rate
-                best = rates[len(rates) // 2]
+        best = _chosen_rate(done, t, m, t_lengths[0], rates, tb.target)  # None: sweep unfinished
         planned = len(cells)
         waiting = 0
         left: list[int] = []  # the lengths of the cells left to run
