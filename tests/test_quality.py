@@ -565,3 +565,21 @@ def test_hash_counts_table_reads_the_rows_chosen_cells_not_every_rate():
     table = format_quality_table(recs)
     # 1e-3 is the row's rate: its two seeds (0.9, 0.8), not the 1e-2 cell's 0.1
     assert "| 256 (2) | 85.0% | 85.0% | 85.0% | 85.0% | 100.0% |" in table, table
+
+
+def test_the_table_shows_cells_another_run_appended_to_the_folder_meanwhile(tmp_path):
+    """Two runs on one folder with disjoint rows (two processes, as the CPU plan runs its
+    lanes): each run's table is written from the records file, so the last one to finish does
+    not drop the other's cells."""
+    out = tmp_path / "q"
+
+    def other_process_appends(rec):  # a cell of another row lands while this run goes on
+        other = {**rec, "cell": rec["cell"].replace("/dense/", "/local/"), "mechanism": "local",
+                 "test": 0.4321, "valid": 0.4321}  # fmt: skip
+        with open(out / "results.jsonl", "a") as f:
+            f.write(json.dumps(other) + "\n")
+
+    run_quality(["mqar"], ["dense"], budget="smoke", out=out, progress=False,
+                on_record=other_process_appends)  # fmt: skip
+    table = (out / "table.md").read_text()
+    assert "| local |" in table and "43.2%" in table and "| dense |" in table

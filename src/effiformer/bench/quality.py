@@ -784,6 +784,11 @@ def run_quality(
     lock = threading.Lock()
     interrupted = threading.Event()
 
+    def report() -> None:
+        # from the file, not this run's memory: another run on the same folder (other rows, in
+        # another process) appends its cells there too, and the table shows every cell
+        _report(out, {**done, **_read_results(results)}, plot)
+
     def execute(cells: list[dict[str, Any]], label: str) -> None:
         todo = [c for c in cells if c["cell"] not in done]
         if not todo:
@@ -801,7 +806,7 @@ def run_quality(
                         done[c["cell"]] = rec
                         with open(results, "a") as f:
                             f.write(json.dumps(rec, default=str) + "\n")
-                        _report(out, done, plot)  # the table and plots follow every cell
+                        report()  # the table and plots follow every cell
                     if on_record is not None:
                         on_record(rec)
                     if bar is not None:
@@ -880,12 +885,12 @@ def run_quality(
             main = [c for c in main if c["cell"] not in {x["cell"] for x in sweep}]
             execute(main, f"{t}: cells")
             all_cells += main
-            _report(out, done, plot)
+            report()
     except KeyboardInterrupt:
-        _report(out, done, plot)
+        report()
         finished = sum(c["cell"] in done for c in all_cells)
         raise QualityInterrupted(finished, len(all_cells), out) from None
-    _report(out, done, plot)
+    report()
     return [done[c["cell"]] for c in all_cells if c["cell"] in done]
 
 
