@@ -62,6 +62,8 @@ def test_settings_follow_the_papers_rules_for_the_length():
     assert mechanism_settings("adaptive-span-pe0", "mqar", 64)["key_pe_std"] == 0.0
     assert mechanism_settings("routing-mute", "lm-ptb", 1024)["mute_routed"] is True
     assert "mute_routed" not in mechanism_settings("routing", "lm-ptb", 1024)
+    assert mechanism_settings("relative-xl-r0", "mqar", 1024)["r_init_std"] == 0.0
+    assert "r_init_std" not in mechanism_settings("relative-xl", "mqar", 1024)
     bridge = mechanism_settings("adaptive-span-dense", "mqar", 64)
     assert (bridge["init_span"], bridge["include_self"], bridge["penalty"]) == (1.0, True, 0.0)
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+import effiformer.attention.relative_xl as rx
 from effiformer.attention import AttentionMask, DenseAttention
 from effiformer.attention.relative_xl import (
     RelativePositions,
@@ -175,3 +176,43 @@ def test_bad_inputs_name_the_argument():
     shared = _module(own_biases=False)
     with pytest.raises(ValueError, match="positions.u"):
         shared(x, mask=AttentionMask(causal=True), positions=pos)
+
+
+@pytest.mark.parametrize("init", ["lecun", "gpt2"])
+def test_r_init_std_ablation_starts_the_position_terms_at_zero_and_they_train(init):
+    """``r_init_std=0`` (the quality suite's ``relative-xl-r0`` ablation): W_{k,R} is zero after
+    the model's own weight init (either init), so the model's output at init does not depend on
+    the relative distances (it equals the same weights with the sinusoids zeroed); W_{k,R} still
+    gets gradients; the default (None) leaves W_{k,R} to the model's init."""
+    from effiformer import get_config
+    from effiformer.config import ConfigError
+    from effiformer.registry import build_model
+
+    def model(**att):
+        torch.manual_seed(0)
+        cfg = get_config("vanilla-tiny", vocab_size=16, seq_len=12, dim=16, n_heads=2, ffn_dim=32,
+                         init=init, attention={"name": "relative_xl", **att})  # fmt: skip
+        return build_model(cfg).double()
+
+    def r_weights(m):
+        return [p for n, p in m.named_parameters() if n.endswith("r_proj.weight")]
+
+    zero, base = model(r_init_std=0.0), model()
+    assert len(r_weights(zero)) == 2 and all(float(w.abs().max()) == 0 for w in r_weights(zero))
+    assert all(float(w.abs().max()) > 0 for w in r_weights(base))
+    half = model(r_init_std=0.5)
+    assert all(0.3 < float(w.std()) < 0.7 for w in r_weights(half))  # N(0, 0.5), kept
+    x = torch.randint(0, 16, (2, 12), generator=torch.Generator().manual_seed(1))
+    out, base_out = zero(x).logits, base(x).logits
+    real = rx.sinusoid_table
+    try:  # every distance's encoding scrambled: the zero-started model does not change at init
+        rx.sinusoid_table = lambda d, dim: torch.randn(d.shape[0], dim)
+        assert_close(zero(x).logits, out)
+        assert float((base(x).logits - base_out).abs().max()) > 1e-6  # the default does
+    finally:
+        rx.sinusoid_table = real
+    zero(x, targets=x).loss.backward()
+    assert all(float(w.grad.abs().max()) > 0 for w in r_weights(zero))
+    for bad in (-0.1, True):
+        with pytest.raises(ConfigError, match="r_init_std"):
+            model(r_init_std=bad)

@@ -59,6 +59,7 @@ from .base import (
     AttentionPart,
     PrepareContext,
     check_attention_inputs,
+    keep_init,
 )
 from .registry import register_attention
 from .sinusoid import sinusoid_table
@@ -79,15 +80,23 @@ class RelativeXLConfig(AttentionConfig):
     layers of a model share one pair); ``clamp_len``: distances above it share one encoding;
     ``same_length``: every query sees ``memory_len + 1`` keys (TF convention). In
     :class:`~effiformer.models.transformer_xl.XLConfig` these three mirror the model config's
-    fields of the same names (set them there)."""
+    fields of the same names (set them there). ``r_init_std`` (an ablation, not the method;
+    ``None``, the default, leaves ``W_{k,R}`` to the model's weight init as every other matrix,
+    as the official code does): ``W_{k,R}`` starts N(0, r_init_std) instead, kept through the
+    model's init; 0 starts the position terms (b) and (d) at zero, so the part starts as content
+    attention with the ``u`` bias and learns its distance preferences."""
 
     name = "relative_xl"
 
     untie_r: bool = False
     clamp_len: int | None = None
     same_length: bool = False
+    r_init_std: float | None = None
 
     def __post_init__(self) -> None:
+        r = self.r_init_std
+        if r is not None and (isinstance(r, bool) or not isinstance(r, int | float) or r < 0):
+            raise ConfigError(f"attention.r_init_std must be None or a number >= 0, got {r!r}")
         if self.clamp_len is not None and (
             isinstance(self.clamp_len, bool)
             or not isinstance(self.clamp_len, int)
@@ -220,6 +229,10 @@ class RelativeXLAttention(AttentionPart):
             dims.dim, dims.n_heads, dims.head_dim, dropout=dims.dropout, own_biases=config.untie_r
         )
         m.config, m.dims = config, dims
+        if config.r_init_std is not None:  # the ablation: W_{k,R}'s own start, kept
+            with torch.no_grad():
+                m.r_proj.weight.normal_(0.0, config.r_init_std)
+            keep_init(m.r_proj.weight)
         return m
 
     @classmethod

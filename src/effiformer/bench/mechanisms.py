@@ -92,6 +92,10 @@ MECHANISMS: dict[str, Mechanism] = {
         Mechanism("adaptive-span-pe0", "vanilla", ("causal", "lm"),
                   lambda task, t: {"name": "adaptive_span", "max_span": t, "key_pe_std": 0.0},
                   "ablation: key_pe starts at zero instead of N(0, 1)", default=False),
+        Mechanism("relative-xl-r0", "vanilla", ("causal", "lm"),
+                  lambda task, t: {"name": "relative_xl", "r_init_std": 0.0},
+                  "ablation: W_{k,R} starts at zero (the position terms start at zero) instead "
+                  "of the model's weight init", default=False),
         Mechanism("adaptive-span-dense", "vanilla", ("causal", "lm"),
                   lambda task, t: {"name": "adaptive_span", "max_span": t, "init_span": 1.0,
                                    "include_self": True, "key_pe_std": 0.0, "penalty": 0.0},
