@@ -31,7 +31,22 @@ effiformer bench "${common[@]}" --attention lsh --lengths 1024 "${seeds[@]}" --s
 # hashes and full attention (1,024: 58.4 / 88.7 / 98.0 / 98.8 / 98.7%: capped by its 2 hashes)
 python benchmarks/lsh_hash_counts.py --out "$OUT" \
     --cells mqar/lsh/T64/lr0.001/s0 mqar/lsh/T1024/lr0.001/s0
-# not run yet: dense's second seed at 1,024 (about an hour of one loaded core), the other rows at
-# 1,024
+# 2026-12-07, fourth session (two lanes): relative-XL, sparse-strided, LSRA, sparse-fixed at 1,024
+# (all on the 1/64 plateau), then each 1,024 cell scored at every length of its ladder
+effiformer bench "${common[@]}" --attention relative-xl --lengths 1024 "${seeds[@]}" --seeds 1
+effiformer bench "${common[@]}" --attention sparse-strided lsra sparse-fixed --lengths 1024 \
+    "${seeds[@]}" --seeds 1
+python benchmarks/mqar_by_length.py --out "$OUT" --cells mqar/lsh/T1024/lr0.001/s0 \
+    mqar/sparse-strided/T1024/lr0.001/s0 mqar/local/T1024/lr0.001/s0 \
+    mqar/relative-xl/T1024/lr0.001/s0 mqar/lsra/T1024/lr0.001/s0 mqar/sparse-fixed/T1024/lr0.001/s0
+# relative-XL's 1,024 cell continued past the budget (slow or unable?), and the ablation with
+# W_{k,R} started at zero (its own folder: not a row of the table)
+python benchmarks/quality_extend.py --from "$OUT" --cell mqar/relative-xl/T1024/lr0.001/s0 \
+    --steps 48000 --out benchmarks/results/quality_cpu_mqar_relxl1024_long
+effiformer bench --part quality --budget cpu --tasks mqar --no-progress --jobs 1 --lr 1e-3 \
+    --seeds 1 --out benchmarks/results/quality_cpu_mqar_ablations --attention relative-xl-r0 \
+    --lengths 1024
+# not run yet: dense's second seed at 1,024 (about an hour of one loaded core), routing and
+# adaptive span at 1,024, the other rows' seeds
 effiformer bench "${common[@]}" --attention dense --lengths 1024 "${seeds[@]}" --seeds 2
 effiformer bench "${common[@]}" --attention "${others[@]}"

@@ -38,3 +38,25 @@ def test_mqar_by_length_scores_a_smoke_cell_at_each_ladder_length(tmp_path, benc
     assert len(set(acc.values())) > 1  # other lengths are other test sets
     md = (out / "by_length.md").read_text()
     assert "| T=16 | T=32 | T=64 |" in md and f"{100 * mqar['test']:.1f}%" in md
+
+
+def test_relative_xl_position_share_is_zero_only_for_the_zero_started_ablation(
+    tmp_path, bench_script
+):
+    script = bench_script("relative_xl_position_share")
+    threads = torch.get_num_threads()
+    argv = ["--budget", "smoke", "--length", "64"]
+    try:
+        assert script.main(["--out", str(tmp_path / "no"), *argv, "--mechanisms", "dense"]) == 2
+        assert not (tmp_path / "no").exists()  # refused before anything is written
+        assert script.main(["--out", str(tmp_path / "ps"), *argv]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    rows = [
+        json.loads(x) for x in (tmp_path / "ps" / "position_share.jsonl").read_text().splitlines()
+    ]
+    by = {r["mechanism"]: r for r in rows}
+    assert set(by) == {"relative-xl", "relative-xl-r0"}
+    assert 0.1 < by["relative-xl"]["share"] < 0.9 and by["relative-xl"]["content_var"] > 0
+    assert by["relative-xl-r0"]["share"] == 0.0 and by["relative-xl-r0"]["content_var"] > 0
+    assert "| relative-xl-r0 | 64 | 0 |" in (tmp_path / "ps" / "position_share.md").read_text()
