@@ -64,6 +64,7 @@ def test_settings_follow_the_papers_rules_for_the_length():
     assert "mute_routed" not in mechanism_settings("routing", "lm-ptb", 1024)
     assert mechanism_settings("relative-xl-r0", "mqar", 1024)["r_init_std"] == 0.0
     assert "r_init_std" not in mechanism_settings("relative-xl", "mqar", 1024)
+    assert mechanism_settings("dense-nobias", "mqar", 1024) == {"name": "dense", "bias": False}
     bridge = mechanism_settings("adaptive-span-dense", "mqar", 64)
     assert (bridge["init_span"], bridge["include_self"], bridge["penalty"]) == (1.0, True, 0.0)
 

@@ -92,6 +92,10 @@ MECHANISMS: dict[str, Mechanism] = {
         Mechanism("adaptive-span-pe0", "vanilla", ("causal", "lm"),
                   lambda task, t: {"name": "adaptive_span", "max_span": t, "key_pe_std": 0.0},
                   "ablation: key_pe starts at zero instead of N(0, 1)", default=False),
+        Mechanism("dense-nobias", "vanilla", ("causal", "bidirectional", "lm"),
+                  lambda task, t: {"name": "dense", "bias": False},
+                  "ablation: dense without Q/K/V/O biases (relative-XL's projections have none)",
+                  default=False),
         Mechanism("relative-xl-r0", "vanilla", ("causal", "lm"),
                   lambda task, t: {"name": "relative_xl", "r_init_std": 0.0},
                   "ablation: W_{k,R} starts at zero (the position terms start at zero) instead "
