@@ -29,7 +29,7 @@ import torch
 
 from effiformer.attention import AttentionMask
 from effiformer.attention.adaptive_span import AdaptiveSpanAttention, SpanPositions
-from effiformer.bench.quality import BUDGETS, _read_results
+from effiformer.bench.quality import BUDGETS, recorded_cells
 from effiformer.checkpoint import load_checkpoint, load_config
 from effiformer.models.base import IGNORE_INDEX
 from effiformer.registry import build_model
@@ -100,20 +100,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     out = Path(args.out)
-    if not (out / "results.jsonl").is_file():
-        print(f"adaptive_span_key_pe.py: {out / 'results.jsonl'} does not exist", file=sys.stderr)
+    try:  # every cell is checked before anything is scored or written
+        found = recorded_cells(out, args.cells)
+    except ValueError as e:
+        print(f"adaptive_span_key_pe.py: {e}", file=sys.stderr)
         return 2
-    recs = _read_results(out / "results.jsonl")  # the harness's reader (cut lines skipped)
     rows = []
-    for cell in args.cells:
-        if cell not in recs:
-            print(f"adaptive_span_key_pe.py: no record of {cell} in {out}", file=sys.stderr)
-            return 2
-        r = recs[cell]
-        run = out / "cells" / cell.replace("/", "_")
-        if not (run / "latest").exists():
-            print(f"adaptive_span_key_pe.py: no checkpoint of {cell} in {run}", file=sys.stderr)
-            return 2
+    for r, run in found:
+        cell = r["cell"]
         trained, _ = load_checkpoint(run)
         ckpt = run / (run / "latest").read_text().strip()
         torch.manual_seed(r["seed"])  # the suite's rule: the weights are a function of the seed

@@ -34,6 +34,7 @@ from effiformer.bench.quality import (
     _read_results,
     _report,
     _task_setup,
+    recorded_cells,
 )
 from effiformer.checkpoint import load_checkpoint
 
@@ -48,16 +49,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     out = Path(args.out)
-    if not (out / "results.jsonl").is_file():
-        print(f"{NAME}: {out / 'results.jsonl'} does not exist", file=sys.stderr)
+    try:  # every cell is checked before anything is scored or written
+        todo = recorded_cells(out, args.cells)
+    except ValueError as e:
+        print(f"{NAME}: {e}", file=sys.stderr)
         return 2
-    recs = _read_results(out / "results.jsonl")
-    todo = []  # every cell is checked before anything is scored or written
-    for cell_id in args.cells:
-        r = recs.get(cell_id)
-        if r is None:
-            print(f"{NAME}: no record of {cell_id} in {out}", file=sys.stderr)
-            return 2
+    for r, _ in todo:
+        cell_id = r["cell"]
         if r["mechanism"] != "lsh":
             print(f"{NAME}: {cell_id} is not an LSH cell (mechanism {r['mechanism']!r})",
                   file=sys.stderr)  # fmt: skip
@@ -73,11 +71,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{NAME}: {cell_id} is a language-modelling cell: --data is needed",
                   file=sys.stderr)  # fmt: skip
             return 2
-        run = out / "cells" / cell_id.replace("/", "_")
-        if not (run / "latest").exists():
-            print(f"{NAME}: no checkpoint of {cell_id} in {run}", file=sys.stderr)
-            return 2
-        todo.append((r, run))
     lines = ["| cell | recorded test | reloaded, 2 hashes | 1 hash | 2 | 4 | 8 | full |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r, run in todo:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from effiformer.bench.quality import BUDGETS, _make_cell, _read_results
+from effiformer.bench.quality import BUDGETS, _make_cell, recorded_cells
 from effiformer.checkpoint import load_checkpoint
 from effiformer.tasks.mqar import MQARTask, length_ladder
 
@@ -55,22 +55,16 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     out = Path(args.out)
-    if not (out / "results.jsonl").is_file():
-        print(f"{NAME}: {out / 'results.jsonl'} does not exist", file=sys.stderr)
+    try:  # every cell is checked before anything is scored or written
+        found = recorded_cells(out, args.cells)
+    except ValueError as e:
+        print(f"{NAME}: {e}", file=sys.stderr)
         return 2
-    recs = _read_results(out / "results.jsonl")
-    todo = []  # every cell is checked before anything is scored or written
-    for cell_id in args.cells:
-        r = recs.get(cell_id)
-        if r is None:
-            print(f"{NAME}: no record of {cell_id} in {out}", file=sys.stderr)
-            return 2
+    todo = []
+    for r, run in found:
+        cell_id = r["cell"]
         if r["task"] != "mqar":
             print(f"{NAME}: {cell_id} is not an MQAR cell", file=sys.stderr)
-            return 2
-        run = out / "cells" / cell_id.replace("/", "_")
-        if not (run / "latest").exists():
-            print(f"{NAME}: no checkpoint of {cell_id} in {run}", file=sys.stderr)
             return 2
         try:
             lengths = list(length_ladder(args.min_len, int(r["length"])))

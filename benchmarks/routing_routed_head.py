@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from effiformer.attention.routing import RoutingAttention
-from effiformer.bench.quality import BUDGETS, TASKS, _make_cell, _read_results, _task_setup
+from effiformer.bench.quality import BUDGETS, TASKS, _make_cell, _task_setup, recorded_cells
 from effiformer.checkpoint import load_checkpoint
 from effiformer.cli.common import positive_int
 
@@ -131,23 +131,18 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     out = Path(args.out)
     name = "routing_routed_head.py"
-    if not (out / "results.jsonl").is_file():
-        print(f"{name}: {out / 'results.jsonl'} does not exist", file=sys.stderr)
+    try:  # every cell is checked before anything is scored or written
+        found = recorded_cells(out, args.cells)
+    except ValueError as e:
+        print(f"{name}: {e}", file=sys.stderr)
         return 2
-    recs = _read_results(out / "results.jsonl")  # the harness's reader (cut lines skipped)
-    rows = []
-    for cell_id in args.cells:
-        r = recs.get(cell_id)
-        if r is None:
-            print(f"{name}: no record of {cell_id} in {out}", file=sys.stderr)
-            return 2
+    for r, _ in found:
         if TASKS[r["task"]][0] != "lm":
-            print(f"{name}: {cell_id} is not a language-modelling cell", file=sys.stderr)
+            print(f"{name}: {r['cell']} is not a language-modelling cell", file=sys.stderr)
             return 2
-        run = out / "cells" / cell_id.replace("/", "_")
-        if not (run / "latest").exists():
-            print(f"{name}: no checkpoint of {cell_id} in {run}", file=sys.stderr)
-            return 2
+    rows = []
+    for r, run in found:
+        cell_id = r["cell"]
         cell = _make_cell(BUDGETS[r["budget"]], r["task"], r["mechanism"], r["length"], r["lr"],
                           r["seed"], None, data=args.data)  # fmt: skip
         task, init = _task_setup(cell)  # init: the cell's model at initialisation (its seed)

@@ -586,3 +586,21 @@ def test_the_table_shows_cells_another_run_appended_to_the_folder_meanwhile(tmp_
                 on_record=other_process_appends)  # fmt: skip
     table = (out / "table.md").read_text()
     assert "| local |" in table and "43.2%" in table and "| dense |" in table
+
+
+def test_recorded_cells_checks_every_cell_before_returning(tmp_path):
+    from effiformer.bench.quality import recorded_cells
+
+    with pytest.raises(ValueError, match="results.jsonl does not exist"):
+        recorded_cells(tmp_path, ["a"])
+    recs = [{"cell": "mqar/dense/T64/lr0.001/s0"}, {"cell": "mqar/local/T64/lr0.001/s0"}]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    run = tmp_path / "cells" / "mqar_dense_T64_lr0.001_s0"
+    run.mkdir(parents=True)
+    (run / "latest").write_text("step-00000010\n")
+    with pytest.raises(ValueError, match="no record of mqar/lsh"):
+        recorded_cells(tmp_path, ["mqar/dense/T64/lr0.001/s0", "mqar/lsh/T64/lr0.001/s0"])
+    with pytest.raises(ValueError, match="no checkpoint of mqar/local"):
+        recorded_cells(tmp_path, ["mqar/dense/T64/lr0.001/s0", "mqar/local/T64/lr0.001/s0"])
+    ((rec, where),) = recorded_cells(tmp_path, ["mqar/dense/T64/lr0.001/s0"])
+    assert rec == recs[0] and where == run

@@ -587,6 +587,26 @@ def _make_cell(
     }
 
 
+def recorded_cells(out: str | Path, cells: Sequence[str]) -> list[tuple[dict[str, Any], Path]]:
+    """``(record, run folder)`` of each of ``cells`` in the quality run folder ``out``, for the
+    scripts that score trained cells again from their last checkpoint (``benchmarks/``). Every
+    cell is checked before any is returned; :class:`ValueError` names the first problem (no
+    ``results.jsonl``, no record of a cell, no checkpoint of it)."""
+    out = Path(out)
+    if not (out / RESULTS).is_file():
+        raise ValueError(f"{out / RESULTS} does not exist")
+    recs = _read_results(out / RESULTS)
+    found = []
+    for cid in cells:
+        if cid not in recs:
+            raise ValueError(f"no record of {cid} in {out}")
+        run = out / "cells" / cid.replace("/", "_")
+        if not (run / "latest").exists():
+            raise ValueError(f"no checkpoint of {cid} in {run}")
+        found.append((recs[cid], run))
+    return found
+
+
 def _read_results(path: Path) -> dict[str, dict[str, Any]]:
     done: dict[str, dict[str, Any]] = {}
     if path.is_file():
