@@ -13,7 +13,8 @@ every head one too. This measures how large it is, for the suite's row and for t
         --out benchmarks/results/quality_cpu_mqar_ablations
 
 Builds each cell's model at initialisation exactly as the suite does (its seed), feeds one
-training sequence of the task at ``--length`` and writes ``OUT/position_share.jsonl`` and
+training sequence of the task at ``--length``; ``--trained FOLDER:CELL ...`` measures trained
+cells too (their last checkpoint, one test sequence); writes ``OUT/position_share.jsonl`` and
 ``OUT/position_share.md``.
 """
 
@@ -28,7 +29,8 @@ from pathlib import Path
 import torch
 
 from effiformer.attention.relative_xl import RelativeXLAttention
-from effiformer.bench.quality import BUDGETS, _make_cell, _task_setup
+from effiformer.bench.quality import BUDGETS, _make_cell, _task_setup, recorded_cells
+from effiformer.checkpoint import load_checkpoint
 from effiformer.cli.common import positive_int
 
 NAME = "relative_xl_position_share.py"
@@ -78,8 +80,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--length", type=positive_int, default=1024)
     p.add_argument("--budget", default="cpu", choices=sorted(BUDGETS))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trained", nargs="*", default=[], metavar="FOLDER:CELL",
+                   help="trained cells too: a quality run's folder and a cell id, colon-joined "
+                        "(the cell's last checkpoint, on one test sequence of its task)")  # fmt: skip
     args = p.parse_args(argv)
     torch.set_num_threads(1)
+    trained = []  # every trained cell is found before anything is measured or written
+    for spec in args.trained:
+        folder, _, cid = spec.partition(":")
+        try:
+            ((rec, run),) = recorded_cells(folder, [cid])
+        except ValueError as e:
+            print(f"{NAME}: {e}", file=sys.stderr)
+            return 2
+        if rec["task"] != "mqar":
+            print(f"{NAME}: {cid} is not an MQAR cell", file=sys.stderr)
+            return 2
+        trained.append((rec, run))
     rows = []
     for mech in args.mechanisms:
         try:
@@ -95,16 +112,29 @@ def main(argv: list[str] | None = None) -> int:
         x = task.generate(1, torch.Generator().manual_seed(args.seed))[0]  # (1, T)
         for layer, r in enumerate(position_share(model, x)):
             rows.append({"mechanism": mech, "length": args.length, "seed": args.seed,
+                         "weights": "init", "layer": layer, **r})  # fmt: skip
+    for rec, run in trained:
+        model, _ = load_checkpoint(run)
+        if not any(isinstance(m, RelativeXLAttention) for m in model.modules()):
+            continue  # no position terms to measure (a dense cell beside them)
+        step = (run / "latest").read_text().strip()
+        cell = _make_cell(BUDGETS[rec["budget"]], "mqar", rec["mechanism"], rec["length"],
+                          rec["lr"], rec["seed"], None, data=None)  # fmt: skip
+        task, _ = _task_setup(cell)
+        x = task.split("test")[0][:1]  # (1, T)
+        for layer, r in enumerate(position_share(model, x)):
+            rows.append({"mechanism": rec["mechanism"], "length": rec["length"],
+                         "seed": rec["seed"], "weights": f"trained ({step})", "cell": rec["cell"],
                          "layer": layer, **r})  # fmt: skip
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "position_share.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     lines = ["Relative-XL score terms at initialisation (MQAR model, one sequence, causal pairs):",
-             "", "| row | T | layer | content variance | position variance | position share |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
+             "", "| row | T | weights | layer | content variance | position variance | "
+             "position share |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
-        lines.append(f"| {r['mechanism']} | {r['length']} | {r['layer']} | {r['content_var']:.3f} "
-                     f"| {r['position_var']:.3f} | {r['share']:.2f} |")  # fmt: skip
+        lines.append(f"| {r['mechanism']} | {r['length']} | {r['weights']} | {r['layer']} | "
+                     f"{r['content_var']:.3f} | {r['position_var']:.3f} | {r['share']:.2f} |")  # fmt: skip
     (out / "position_share.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

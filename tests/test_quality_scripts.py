@@ -46,17 +46,26 @@ def test_relative_xl_position_share_is_zero_only_for_the_zero_started_ablation(
     script = bench_script("relative_xl_position_share")
     threads = torch.get_num_threads()
     argv = ["--budget", "smoke", "--length", "64"]
+    q = tmp_path / "q"
     try:
+        (rec,) = run_quality(["mqar"], ["relative-xl"], budget="smoke", out=q, progress=False)
         assert script.main(["--out", str(tmp_path / "no"), *argv, "--mechanisms", "dense"]) == 2
+        assert script.main(["--out", str(tmp_path / "no"), *argv, "--trained", f"{q}:nothing"]) == 2
         assert not (tmp_path / "no").exists()  # refused before anything is written
-        assert script.main(["--out", str(tmp_path / "ps"), *argv]) == 0
+        trained = ["--trained", f"{q}:{rec['cell']}"]
+        assert script.main(["--out", str(tmp_path / "ps"), *argv, *trained]) == 0
     finally:
         torch.set_num_threads(threads)
     rows = [
         json.loads(x) for x in (tmp_path / "ps" / "position_share.jsonl").read_text().splitlines()
     ]
-    by = {r["mechanism"]: r for r in rows}
+    (after,) = [r for r in rows if r["weights"] != "init"]
+    assert after["cell"] == rec["cell"] and after["weights"].startswith("trained (step-")
+    by = {r["mechanism"]: r for r in rows if r["weights"] == "init"}
     assert set(by) == {"relative-xl", "relative-xl-r0"}
+    assert after["share"] != by["relative-xl"]["share"]  # trained weights, another sequence
     assert 0.1 < by["relative-xl"]["share"] < 0.9 and by["relative-xl"]["content_var"] > 0
     assert by["relative-xl-r0"]["share"] == 0.0 and by["relative-xl-r0"]["content_var"] > 0
-    assert "| relative-xl-r0 | 64 | 0 |" in (tmp_path / "ps" / "position_share.md").read_text()
+    assert (
+        "| relative-xl-r0 | 64 | init | 0 |" in (tmp_path / "ps" / "position_share.md").read_text()
+    )
