@@ -49,7 +49,7 @@ def test_zeroing_the_routed_heads_is_the_muted_model_and_shares_follow(bench_scr
         script.Zeroed(model, "both")
 
 
-def test_script_scores_a_smoke_routing_lm_cell(tmp_path, shared_data, bench_script):
+def test_script_scores_a_smoke_routing_lm_cell(tmp_path, shared_data, bench_script, capsys):
     shared_data("ptb")
     script = bench_script("routing_routed_head")
     out = tmp_path / "q"
@@ -65,7 +65,12 @@ def test_script_scores_a_smoke_routing_lm_cell(tmp_path, shared_data, bench_scri
             script.main([*argv, "--cells", cell, "--sequences", "0"])
         with open(out / "results.jsonl", "a") as f:
             f.write(json.dumps({"cell": "mqar/routing/T64/lr0.003/s0", "task": "mqar"}) + "\n")
+        fake = out / "cells" / "mqar_routing_T64_lr0.003_s0"  # a checkpoint, so the task decides
+        fake.mkdir(parents=True)
+        (fake / "latest").write_text("step-00000001\n")
+        capsys.readouterr()
         assert script.main([*argv, "--cells", "mqar/routing/T64/lr0.003/s0"]) == 2
+        assert "is not a language-modelling cell" in capsys.readouterr().err
         assert not (out / "routed_head.jsonl").exists()  # nothing written on a refusal
         assert script.main([*argv, "--cells", cell]) == 0
     finally:

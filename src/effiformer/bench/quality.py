@@ -6,11 +6,11 @@ depth (the ``vanilla`` decoder or encoder with the mechanism's attention part, o
 mechanism's own family: Transformer-XL, Compressive, Funnel) trained for the budget's optimizer
 steps on the task and scored on the task's validation and test sets. Tasks
 (:data:`TASKS`): ``mqar`` (multi-query associative recall, accuracy on the queried values),
-``duplication`` (the Reformer paper's ``0w0w``, accuracy on the copy; LSH models of every causal
-task are also scored with 1, 2, 4 and 8 hashes and with full attention), ``listops`` (10-class accuracy from the
-encoder's ``<cls>`` position; majority class recorded), ``lm-ptb`` and ``lm-shakespeare``
-(character-level language modelling, bits per character on the whole validation and test
-splits). Mechanisms (:data:`MECHANISMS`) carry their paper's settings for each length
+``duplication`` (the Reformer paper's ``0w0w``, accuracy on the copy), ``listops`` (10-class
+accuracy from the encoder's ``<cls>`` position; majority class recorded), ``lm-ptb`` and
+``lm-shakespeare`` (character-level language modelling, bits per character on the whole
+validation and test splits); LSH cells of the causal tasks are also scored with 1, 2, 4 and 8 hashes and with full
+attention. Mechanisms (:data:`MECHANISMS`) carry their paper's settings for each length
 (:func:`mechanism_settings`), recorded with every cell.
 
 How a run goes (:func:`run_quality`):
