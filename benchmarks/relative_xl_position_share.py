@@ -34,6 +34,7 @@ from effiformer.checkpoint import load_checkpoint
 from effiformer.cli.common import positive_int
 
 NAME = "relative_xl_position_share.py"
+BANDS = ((0, 0), (1, 1), (2, 8), (9, 64), (65, 256), (257, 1023), (1024, 16383))
 
 
 @torch.no_grad()
@@ -69,7 +70,14 @@ def position_share(model: torch.nn.Module, x: torch.Tensor) -> list[dict[str, fl
         position = torch.gather(by_index, 3, index)
         keep = j <= i
         vc, vp = float(content[..., keep].var()), float(position[..., keep].var())
-        out.append({"content_var": vc, "position_var": vp, "share": vp / (vc + vp)})
+        base = position[..., keep].mean(dim=(0, 2))  # (H,)
+        profile = {}
+        for lo, hi in BANDS:
+            band = keep & (i - j >= lo) & (i - j <= hi)
+            if band.any():
+                profile[f"{lo}-{hi}"] = (position[..., band].mean(dim=(0, 2)) - base).tolist()
+        out.append({"content_var": vc, "position_var": vp, "share": vp / (vc + vp),
+                    "profile": profile})  # fmt: skip
     return out
 
 
@@ -135,6 +143,17 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         lines.append(f"| {r['mechanism']} | {r['length']} | {r['weights']} | {r['layer']} | "
                      f"{r['content_var']:.3f} | {r['position_var']:.3f} | {r['share']:.2f} |")  # fmt: skip
+    lines += ["", "The position terms by distance i - j (their mean over the band's (query, key) "
+              "pairs minus their mean over all causal pairs; per head, `h0 / h1 ...`): how the "
+              "terms alone would move a head's weight toward (+) or away from (-) a band:", "",
+              "| row | T | weights | layer | "
+              + " | ".join(f"{lo}-{hi}" if lo != hi else f"{lo}" for lo, hi in BANDS) + " |",
+              "|---|---|---|---|" + "---|" * len(BANDS)]  # fmt: skip
+    for r in rows:
+        cols = [r["profile"].get(f"{lo}-{hi}") for lo, hi in BANDS]
+        lines.append(f"| {r['mechanism']} | {r['length']} | {r['weights']} | {r['layer']} | "
+                     + " | ".join("-" if c is None else " / ".join(f"{v:+.1f}" for v in c)
+                                  for c in cols) + " |")  # fmt: skip
     (out / "position_share.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
