@@ -460,6 +460,9 @@ def test_a_model_ablation_changes_only_what_it_names():
     _, ablated = _model_overrides(BUDGETS["cpu"], "lm-ptb", "dense-sinusoidal", 1024)
     assert model == "vanilla-tiny" and ablated == {**dense, "positions": "sinusoidal"}
     assert not MECHANISMS["dense-sinusoidal"].default  # run only when named
+    _, rel = _model_overrides(BUDGETS["cpu"], "mqar", "relative-xl", 1024)
+    _, nopos = _model_overrides(BUDGETS["cpu"], "mqar", "relative-xl-nopos", 1024)
+    assert nopos == {**rel, "positions": "none"} and not MECHANISMS["relative-xl-nopos"].default
 
 
 def test_the_recurrent_segment_is_a_budget_setting_and_the_rest_of_t_is_memory():

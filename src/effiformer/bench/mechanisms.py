@@ -100,6 +100,11 @@ MECHANISMS: dict[str, Mechanism] = {
                   lambda task, t: {"name": "relative_xl", "r_init_std": 0.0},
                   "ablation: W_{k,R} starts at zero (the position terms start at zero) instead "
                   "of the model's weight init", default=False),
+        Mechanism("relative-xl-nopos", "vanilla", ("causal", "lm"),
+                  lambda task, t: {"name": "relative_xl"},
+                  "ablation: no absolute position embeddings (Transformer-XL's own input: the "
+                  "relative terms are the only positions)", default=False,
+                  model=(("positions", "none"),)),
         Mechanism("adaptive-span-dense", "vanilla", ("causal", "lm"),
                   lambda task, t: {"name": "adaptive_span", "max_span": t, "init_span": 1.0,
                                    "include_self": True, "key_pe_std": 0.0, "penalty": 0.0},
