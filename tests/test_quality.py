@@ -582,13 +582,18 @@ def test_the_table_shows_cells_another_run_appended_to_the_folder_meanwhile(tmp_
     def other_process_appends(rec):  # a cell of another row lands while this run goes on
         other = {**rec, "cell": rec["cell"].replace("/dense/", "/local/"), "mechanism": "local",
                  "test": 0.4321, "valid": 0.4321}  # fmt: skip
+        # and one of a row this process's registry does not know (the other process runs a
+        # newer version, with an ablation added since this one started): shown, not dropped
+        newer = {**other, "cell": other["cell"].replace("/local/", "/newer-ablation/"),
+                 "mechanism": "newer-ablation", "test": 0.1234}  # fmt: skip
         with open(out / "results.jsonl", "a") as f:
-            f.write(json.dumps(other) + "\n")
+            f.write(json.dumps(other) + "\n" + json.dumps(newer) + "\n")
 
     run_quality(["mqar"], ["dense"], budget="smoke", out=out, progress=False,
                 on_record=other_process_appends)  # fmt: skip
     table = (out / "table.md").read_text()
     assert "| local |" in table and "43.2%" in table and "| dense |" in table
+    assert "| newer-ablation |" in table and "12.3%" in table
 
 
 def test_recorded_cells_checks_every_cell_before_returning(tmp_path):

@@ -1158,7 +1158,10 @@ def format_quality_table(records: list[dict[str, Any]]) -> str:
             continue
         metric, higher = TASKS[task][1], TASKS[task][2]
         lengths = sorted({r["length"] for r in recs})
-        mechs = [m for m in MECHANISMS if any(r["mechanism"] == m for r in recs)]
+        # the registry's order, then any row it does not know (a record written by a newer
+        # version into a folder this process reports on: shown, not dropped)
+        mechs = list(dict.fromkeys([m for m in MECHANISMS if any(r["mechanism"] == m for r in recs)]
+                                   + [r["mechanism"] for r in recs]))  # fmt: skip
         out.append(f"### {task}: {TASKS[task][3]} ({'higher' if higher else 'lower'} is better)")
         out.append("")
         head = "| mechanism | lr | " + " | ".join(f"T={n}" for n in lengths) + " | settings |"
@@ -1173,7 +1176,7 @@ def format_quality_table(records: list[dict[str, Any]]) -> str:
                 row.append(_fmt_cell(cell, metric))
             own = [r for r in recs if r["mechanism"] == m]
             settings = max(own, key=lambda r: r["length"])["settings"]  # at its longest length
-            row.append(_fmt_settings(settings, MECHANISMS[m].note))
+            row.append(_fmt_settings(settings, MECHANISMS[m].note if m in MECHANISMS else ""))
             out.append("| " + " | ".join(row) + " |")
         extra, other = _task_notes(task, recs), _other_rates(recs, mechs, lengths, metric)
         extra += [""] + other if extra and other else other
