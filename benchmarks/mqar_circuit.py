@@ -26,7 +26,8 @@ over the value positions), for the head where it is largest, with that head.
         --cells mqar/relative-xl/T1024/lr0.001/s0 mqar/dense/T1024/lr0.001/s0
 
 Parts with explicit attention weights only: dense (``DenseAttention``, causal softmax computed
-here), relative-XL and adaptive span (their ``attention_probs``); another part is refused. Reads
+here; also LSRA's attention branch, whose convolution branch is not read), relative-XL and
+adaptive span (their ``attention_probs``); another part is refused. Reads
 each cell's record in ``OUT/results.jsonl`` and its last checkpoint in ``OUT/cells/``; writes
 ``OUT/circuit.jsonl`` (one row per cell, length and layer) and ``OUT/circuit.md``; rows of cells
 not named keep what they held.
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         model, _ = load_checkpoint(run)
         if not any(isinstance(m, PARTS) for m in model.modules()):
             print(f"{NAME}: {cid}: {r['mechanism']} has no attention weights this script reads "
-                  "(dense, relative-XL and adaptive span only)", file=sys.stderr)  # fmt: skip
+                  "(dense, LSRA's attention branch, relative-XL and adaptive span only)", file=sys.stderr)  # fmt: skip
             return 2
         todo.append((r, run, model, lengths))
     path = out / "circuit.jsonl"
