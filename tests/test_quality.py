@@ -460,9 +460,13 @@ def test_a_model_ablation_changes_only_what_it_names():
     _, ablated = _model_overrides(BUDGETS["cpu"], "lm-ptb", "dense-sinusoidal", 1024)
     assert model == "vanilla-tiny" and ablated == {**dense, "positions": "sinusoidal"}
     assert not MECHANISMS["dense-sinusoidal"].default  # run only when named
+    # relative-XL's row is Transformer-XL's input: the relative terms are its only positions;
+    # the ablation adds the vanilla model's learned absolute positions under them
     _, rel = _model_overrides(BUDGETS["cpu"], "mqar", "relative-xl", 1024)
-    _, nopos = _model_overrides(BUDGETS["cpu"], "mqar", "relative-xl-nopos", 1024)
-    assert nopos == {**rel, "positions": "none"} and not MECHANISMS["relative-xl-nopos"].default
+    _, absolute = _model_overrides(BUDGETS["cpu"], "mqar", "relative-xl-abspos", 1024)
+    assert rel["positions"] == "none" and "positions" not in absolute  # the model's default
+    assert {k: v for k, v in rel.items() if k != "positions"} == absolute
+    assert not MECHANISMS["relative-xl-abspos"].default and MECHANISMS["relative-xl"].default
 
 
 def test_the_recurrent_segment_is_a_budget_setting_and_the_rest_of_t_is_memory():

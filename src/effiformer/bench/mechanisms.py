@@ -74,7 +74,9 @@ MECHANISMS: dict[str, Mechanism] = {
         Mechanism("lsra", "vanilla", ("causal", "bidirectional", "lm"),
                   lambda task, t: {"name": "lsra"}, "half attention, half lightweight conv"),
         Mechanism("relative-xl", "vanilla", ("causal", "lm"),
-                  lambda task, t: {"name": "relative_xl"}, "XL relative positions, no memory"),
+                  lambda task, t: {"name": "relative_xl"},
+                  "XL relative positions only (no absolute embeddings, as Transformer-XL), no "
+                  "memory", model=(("positions", "none"),)),
         Mechanism("xl", "xl", ("lm",), lambda task, t: None,
                   "Transformer-XL: segment S (T/2 unless the budget names it), memory T - S"),
         Mechanism("compressive", "compressive", ("lm",), lambda task, t: None,
@@ -96,15 +98,14 @@ MECHANISMS: dict[str, Mechanism] = {
                   lambda task, t: {"name": "dense", "bias": False},
                   "ablation: dense without Q/K/V/O biases (relative-XL's projections have none)",
                   default=False),
+        Mechanism("relative-xl-abspos", "vanilla", ("causal", "lm"),
+                  lambda task, t: {"name": "relative_xl"},
+                  "ablation: the vanilla model's learned absolute positions added under the "
+                  "relative terms (the row before 2026-12-07, fifth session)", default=False),
         Mechanism("relative-xl-r0", "vanilla", ("causal", "lm"),
                   lambda task, t: {"name": "relative_xl", "r_init_std": 0.0},
-                  "ablation: W_{k,R} starts at zero (the position terms start at zero) instead "
-                  "of the model's weight init", default=False),
-        Mechanism("relative-xl-nopos", "vanilla", ("causal", "lm"),
-                  lambda task, t: {"name": "relative_xl"},
-                  "ablation: no absolute position embeddings (Transformer-XL's own input: the "
-                  "relative terms are the only positions)", default=False,
-                  model=(("positions", "none"),)),
+                  "ablation of relative-xl-abspos: W_{k,R} starts at zero (the position terms "
+                  "start at zero) instead of the model's weight init", default=False),
         Mechanism("adaptive-span-dense", "vanilla", ("causal", "lm"),
                   lambda task, t: {"name": "adaptive_span", "max_span": t, "init_span": 1.0,
                                    "include_self": True, "key_pe_std": 0.0, "penalty": 0.0},
