@@ -32,3 +32,8 @@ effiformer bench "${lane[@]}" --tasks duplication --attention dense local sparse
 effiformer bench "${lane[@]}" --tasks duplication --attention adaptive-span lsra lsh relative-xl
 effiformer bench "${lane[@]}" --tasks listops --attention dense local sparse-strided sparse-fixed
 effiformer bench "${lane[@]}" --tasks listops --attention routing lsh lsra funnel
+# 2026-12-07, fifth session: relative-XL's row became Transformer-XL's model (no absolute position
+# embeddings); the duplication cells of the old model were renamed relative-xl-abspos (an
+# ablation now), and the row ran again (its sweep at 256 and three seeds)
+effiformer bench --part quality --budget cpu --tasks duplication --out "$OUT" --no-progress \
+    --jobs 1 --attention relative-xl

@@ -46,7 +46,21 @@ python benchmarks/quality_extend.py --from "$OUT" --cell mqar/relative-xl/T1024/
 effiformer bench --part quality --budget cpu --tasks mqar --no-progress --jobs 1 --lr 1e-3 \
     --seeds 1 --out benchmarks/results/quality_cpu_mqar_ablations --attention relative-xl-r0 \
     --lengths 1024
-# not run yet: dense's second seed at 1,024 (about an hour of one loaded core), routing and
-# adaptive span at 1,024, the other rows' seeds
-effiformer bench "${common[@]}" --attention dense --lengths 1024 "${seeds[@]}" --seeds 2
+# 2026-12-07, fifth session (two lanes): LSRA's seed 1 at 1,024 (the plateau again), routing at
+# 1,024 (0.7%), dense's seeds 1 and 2 at 1,024, relative-XL without absolute positions (the
+# ablation relative-xl-nopos, 99.8% at 1,024, in quality_cpu_mqar_ablations/), which then became
+# the row: its 64 and 1,024 cells moved here as relative-xl cells, the old row's cells renamed
+# relative-xl-abspos; then the new row's sweep at 64 and its 256 cell
+effiformer bench "${common[@]}" --attention lsra --lengths 1024 "${seeds[@]}" --seeds 2
+effiformer bench "${common[@]}" --attention routing --lengths 1024 "${seeds[@]}"
+effiformer bench "${common[@]}" --attention dense --lengths 1024 "${seeds[@]}" --seeds 3
+effiformer bench "${common[@]}" --attention relative-xl
+# the circuit read from trained cells' attention weights, and each 1,024 cell at every length
+python benchmarks/mqar_circuit.py --out "$OUT" --cells mqar/relative-xl/T1024/lr0.001/s0 \
+    mqar/relative-xl-abspos/T64/lr0.001/s0 mqar/relative-xl-abspos/T1024/lr0.001/s0 \
+    mqar/lsra/T64/lr0.001/s1 mqar/lsra/T1024/lr0.001/s0 mqar/lsra/T1024/lr0.001/s1
+python benchmarks/mqar_by_length.py --out "$OUT" --cells mqar/relative-xl/T1024/lr0.001/s0 \
+    mqar/routing/T1024/lr0.001/s0 mqar/lsra/T1024/lr0.001/s1
+python benchmarks/quality_diagnose.py --out "$OUT"
+# not run yet: adaptive span at 64 (its sweep) and 1,024, the other rows' seeds
 effiformer bench "${common[@]}" --attention "${others[@]}"
