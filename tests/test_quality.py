@@ -467,6 +467,9 @@ def test_a_model_ablation_changes_only_what_it_names():
     assert rel["positions"] == "none" and "positions" not in absolute  # the model's default
     assert {k: v for k, v in rel.items() if k != "positions"} == absolute
     assert not MECHANISMS["relative-xl-abspos"].default and MECHANISMS["relative-xl"].default
+    _, span = _model_overrides(BUDGETS["cpu"], "mqar", "adaptive-span", 64)
+    _, span_nopos = _model_overrides(BUDGETS["cpu"], "mqar", "adaptive-span-nopos", 64)
+    assert span_nopos == {**span, "positions": "none"}
 
 
 def test_the_recurrent_segment_is_a_budget_setting_and_the_rest_of_t_is_memory():

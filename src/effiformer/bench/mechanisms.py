@@ -106,6 +106,10 @@ MECHANISMS: dict[str, Mechanism] = {
                   lambda task, t: {"name": "relative_xl", "r_init_std": 0.0},
                   "ablation of relative-xl-abspos: W_{k,R} starts at zero (the position terms "
                   "start at zero) instead of the model's weight init", default=False),
+        Mechanism("adaptive-span-nopos", "vanilla", ("causal", "lm"),
+                  lambda task, t: {"name": "adaptive_span", "max_span": t},
+                  "ablation: no absolute position embeddings (the official model's input: "
+                  "key_pe is its only position)", default=False, model=(("positions", "none"),)),
         Mechanism("adaptive-span-dense", "vanilla", ("causal", "lm"),
                   lambda task, t: {"name": "adaptive_span", "max_span": t, "init_span": 1.0,
                                    "include_self": True, "key_pe_std": 0.0, "penalty": 0.0},
