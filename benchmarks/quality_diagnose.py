@@ -6,8 +6,11 @@ how often a query and the position it needs (the pair's value; the copy source h
 back) fall in the same k-means cluster of a routing head (``colocated``), against the rate of
 clusters drawn at random (w / T).
 
-Reads ``OUT/results.jsonl`` and the checkpoints the run left in ``OUT/cells/`` (the run keeps
-each cell's last checkpoint), writes ``OUT/diagnostics.jsonl`` and prints a table.
+Reads ``OUT/results.jsonl`` (the last record of each cell) and the checkpoints the run left in
+``OUT/cells/`` (the run keeps each cell's last checkpoint), writes ``OUT/diagnostics.jsonl`` and
+``OUT/diagnostics.md`` (and prints the tables). Rows of cells measured before whose checkpoint
+is gone since (a folder's cells are not all kept) stay as they were; a cell measured again
+replaces its rows.
 
     python benchmarks/quality_diagnose.py --out benchmarks/results/quality_cpu
 """
@@ -22,7 +25,7 @@ from pathlib import Path
 import torch
 
 import effiformer.attention.routing as routing_module
-from effiformer.bench.quality import BUDGETS, mqar_breakdown
+from effiformer.bench.quality import BUDGETS, _read_results, mqar_breakdown
 from effiformer.checkpoint import load_checkpoint
 from effiformer.models.base import IGNORE_INDEX
 from effiformer.tasks.duplication import DuplicationTask
@@ -75,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     if not results.is_file():
         print(f"quality_diagnose.py: {results} does not exist", file=sys.stderr)
         return 2
-    recs = [json.loads(x) for x in results.read_text().splitlines() if x.strip()]
+    recs = list(_read_results(results).values())
     rows = []
     for r in recs:
         if (
@@ -116,31 +119,39 @@ def main(argv: list[str] | None = None) -> int:
         task = MQARTask(seq_len=r["length"], batch_size=r["batch"], seed=r["seed"], **opts)
         d = mqar_breakdown(model, task, sequences=args.sequences)
         rows.append({"cell": r["cell"], "mechanism": r["mechanism"], "length": r["length"], **d})
-    with open(out / "diagnostics.jsonl", "w") as f:
+    path = out / "diagnostics.jsonl"
+    measured = {row["cell"] for row in rows}
+    kept = []
+    if path.is_file():  # earlier rows of cells not measured now (their checkpoint may be gone)
+        kept = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        kept = [row for row in kept if row["cell"] not in measured]
+    rows = kept + rows
+    with open(path, "w") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
 
     def pct(v: float | None) -> str:
         return "-" if v is None else f"{100 * v:.1f}%"
 
-    print("| cell | accuracy | direct share | direct acc. | indirect acc. | by distance |")
-    print("|---|---|---|---|---|---|")
+    lines = ["| cell | accuracy | direct share | direct acc. | indirect acc. | by distance |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
     for row in rows:
         if "routing_colocation" in row:
             continue
         dist = ", ".join(f"{b}: {pct(v['accuracy'])}" for b, v in row["by_distance"].items())
-        print(f"| {row['cell']} | {pct(row['accuracy'])} | {pct(row.get('direct_fraction'))} | "
-              f"{pct(row.get('direct_accuracy'))} | {pct(row.get('indirect_accuracy'))} | "
-              f"{dist} |")  # fmt: skip
+        lines.append(f"| {row['cell']} | {pct(row['accuracy'])} | "
+                     f"{pct(row.get('direct_fraction'))} | {pct(row.get('direct_accuracy'))} | "
+                     f"{pct(row.get('indirect_accuracy'))} | {dist} |")  # fmt: skip
     coloc = [row for row in rows if "routing_colocation" in row]
     if coloc:
-        print()
-        print("| routing cell | layer | head | query and needed position in one cluster | random |")
-        print("|---|---|---|---|---|")
+        lines += ["", "| routing cell | layer | head | query and needed position in one cluster "
+                  "| random |", "|---|---|---|---|---|"]  # fmt: skip
         for row in coloc:
             for c in row["routing_colocation"]:
-                print(f"| {row['cell']} | {c['call']} | {c['head']} | {pct(c['colocated'])} | "
-                      f"{pct(c['random'])} |")  # fmt: skip
+                lines.append(f"| {row['cell']} | {c['call']} | {c['head']} | "
+                             f"{pct(c['colocated'])} | {pct(c['random'])} |")  # fmt: skip
+    (out / "diagnostics.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
     return 0
 
 

@@ -194,3 +194,35 @@ def test_mqar_circuit_on_a_smoke_cell_and_its_refusals(tmp_path, bench_script):
         for k in ("previous", "next_key", "recall", "recall_next", "values", "recent"):
             assert r[k] is None or 0.0 <= r[k] <= 1.0 + 1e-6
     assert f"| {mqar['cell']} |" in (out / "circuit.md").read_text()
+
+
+def test_quality_diagnose_keeps_rows_of_cells_whose_checkpoint_is_gone(tmp_path, bench_script):
+    script = bench_script("quality_diagnose")
+    out = tmp_path / "q"
+    threads = torch.get_num_threads()
+    try:
+        assert script.main(["--out", str(out)]) == 2  # no results.jsonl: refused, nothing written
+        assert not out.exists()
+        recs = run_quality(["mqar"], ["dense", "routing"], budget="smoke", out=out,
+                           progress=False)  # fmt: skip
+        dense, routing = (
+            next(r for r in recs if r["mechanism"] == m) for m in ("dense", "routing")
+        )
+        with open(out / "results.jsonl", "a") as f:  # a cell recorded twice: one row, the last
+            f.write(json.dumps(dense) + "\n")
+        earlier = {"cell": "mqar/local/T64/lr0.001/s0", "mechanism": "local", "length": 64,
+                   "accuracy": 0.5, "by_distance": {"1-1": {"accuracy": 0.5}}}  # fmt: skip
+        (out / "diagnostics.jsonl").write_text(
+            json.dumps(earlier) + "\n" + json.dumps({**earlier, "cell": dense["cell"]}) + "\n"
+        )
+        assert script.main(["--out", str(out), "--sequences", "4"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    rows = [json.loads(x) for x in (out / "diagnostics.jsonl").read_text().splitlines()]
+    cells = [r["cell"] for r in rows]
+    assert cells[0] == earlier["cell"] and rows[0] == earlier  # kept as it was
+    assert cells.count(dense["cell"]) == 1  # measured again: replaced, not duplicated
+    assert next(r for r in rows if r["cell"] == dense["cell"])["accuracy"] != 0.5
+    assert cells.count(routing["cell"]) == 2  # its breakdown and its co-location rows
+    md = (out / "diagnostics.md").read_text()
+    assert f"| {earlier['cell']} | 50.0% |" in md and "| routing cell | layer |" in md
