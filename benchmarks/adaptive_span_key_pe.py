@@ -31,9 +31,8 @@ from effiformer.attention import AttentionMask
 from effiformer.attention.adaptive_span import AdaptiveSpanAttention, SpanPositions
 from effiformer.bench.quality import BUDGETS, recorded_cells
 from effiformer.checkpoint import load_checkpoint, load_config
-from effiformer.models.base import IGNORE_INDEX
 from effiformer.registry import build_model
-from effiformer.tasks.mqar import MQARTask
+from effiformer.tasks.mqar import MQARTask, mqar_recall_positions
 
 
 @torch.no_grad()
@@ -116,11 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         task = MQARTask(seq_len=r["length"], batch_size=r["batch"], seed=r["seed"], **opts)
         x, y = task.split("test")
         x, y = x[: args.sequences], y[: args.sequences]
-        needs = []
-        for row in range(x.shape[0]):
-            keys = x[row, 0 : 2 * task.n_pairs : 2].tolist()
-            needs.append([(q, 2 * keys.index(int(x[row, q])) + 1)
-                          for q in (y[row] != IGNORE_INDEX).nonzero().flatten().tolist()])  # fmt: skip
+        needs = mqar_recall_positions(x, y, task.n_pairs)
         for when, model in (("init", init), ("trained", trained)):
             for layer in score_terms(model, x, needs, task.n_pairs):
                 rows.append({"cell": cell, "mechanism": r["mechanism"], "when": when,

@@ -48,8 +48,7 @@ from effiformer.attention.dense import DenseAttention
 from effiformer.attention.relative_xl import RelativeXLAttention
 from effiformer.bench.quality import BUDGETS, _make_cell, recorded_cells
 from effiformer.checkpoint import load_checkpoint
-from effiformer.models.base import IGNORE_INDEX
-from effiformer.tasks.mqar import MQARTask, length_ladder
+from effiformer.tasks.mqar import MQARTask, length_ladder, mqar_recall_positions
 
 NAME = "mqar_circuit.py"
 PARTS = (DenseAttention, RelativeXLAttention, AdaptiveSpanAttention)
@@ -94,12 +93,11 @@ def circuit(model: torch.nn.Module, task: MQARTask, sequences: int) -> list[dict
     x, y = x[:sequences], y[:sequences]
     n = task.n_pairs
     rows, qs, vs = [], [], []
-    for row in range(x.shape[0]):
-        keys = x[row, 0 : 2 * n : 2].tolist()
-        for q in (y[row] != IGNORE_INDEX).nonzero().flatten().tolist():
+    for row, pairs in enumerate(mqar_recall_positions(x, y, n)):
+        for q, v in pairs:
             rows.append(row)
             qs.append(q)
-            vs.append(2 * keys.index(int(x[row, q])) + 1)
+            vs.append(v)
     rows_t, qs_t, vs_t = torch.tensor(rows), torch.tensor(qs), torch.tensor(vs)
     vals = torch.arange(1, 2 * n, 2)
     out = []

@@ -27,9 +27,8 @@ import torch
 import effiformer.attention.routing as routing_module
 from effiformer.bench.quality import BUDGETS, _read_results, mqar_breakdown
 from effiformer.checkpoint import load_checkpoint
-from effiformer.models.base import IGNORE_INDEX
 from effiformer.tasks.duplication import DuplicationTask
-from effiformer.tasks.mqar import MQARTask
+from effiformer.tasks.mqar import MQARTask, mqar_recall_positions
 
 
 @torch.no_grad()
@@ -92,11 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                 task = MQARTask(seq_len=r["length"], batch_size=r["batch"], seed=r["seed"], **opts)
                 x, y = task.split("test")
                 x, y = x[:16], y[:16]
-                needs = []
-                for row in range(x.shape[0]):
-                    keys = x[row, 0 : 2 * task.n_pairs : 2].tolist()
-                    needs.append([(q, 2 * keys.index(int(x[row, q])) + 1)
-                                  for q in (y[row] != IGNORE_INDEX).nonzero().flatten().tolist()])  # fmt: skip
+                needs = mqar_recall_positions(x, y, task.n_pairs)
             else:
                 task = DuplicationTask(seq_len=r["length"], batch_size=r["batch"], seed=r["seed"],
                                        **opts)  # fmt: skip

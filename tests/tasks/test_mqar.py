@@ -9,7 +9,13 @@ import torch
 from effiformer import create_model
 from effiformer.models.base import IGNORE_INDEX
 from effiformer.tasks import get_task
-from effiformer.tasks.mqar import MQARTask, default_pairs, mqar_answers, mqar_batch
+from effiformer.tasks.mqar import (
+    MQARTask,
+    default_pairs,
+    mqar_answers,
+    mqar_batch,
+    mqar_recall_positions,
+)
 
 
 def _batch(seed=0, rows=64, t=128, n=8, v=64):
@@ -183,3 +189,16 @@ def test_each_key_occurs_only_in_its_pair_and_its_query_unless_the_fill_may_hold
         int(torch.bincount(z[r], minlength=256)[z[r, 0:128:2]].sum()) - 128 for r in range(16)
     ]
     assert sum(copies) / (16 * 64) > 1.0  # about 832 fill tokens x 64/256 keys per row
+
+
+def test_recall_positions_name_each_scored_query_and_the_value_after_its_key():
+    task = MQARTask(seq_len=128, vocab_size=64, eval_sequences=8)
+    x, y = task.split("test")
+    pos = mqar_recall_positions(x, y, task.n_pairs)
+    assert len(pos) == x.shape[0]
+    for r, pairs in enumerate(pos):
+        assert [q for q, _ in pairs] == (y[r] != IGNORE_INDEX).nonzero().flatten().tolist()
+        for q, v in pairs:
+            assert v % 2 == 1 and v < 2 * task.n_pairs <= q  # a value of the pairs, before q
+            assert x[r, v - 1] == x[r, q]  # its key is the query token
+            assert x[r, v] == y[r, q]  # and it is the answer

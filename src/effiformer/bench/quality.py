@@ -1463,7 +1463,7 @@ def mqar_breakdown(model: torch.nn.Module, task: Any, *, sequences: int = 128) -
     layer's mixing), and by the query-to-value distance (bins of powers of two). A mechanism
     at chance on indirect queries and right on direct ones cannot route the value in the depth
     it has."""
-    from ..models.base import IGNORE_INDEX
+    from ..tasks.mqar import mqar_recall_positions
 
     was = model.training
     model.eval()
@@ -1477,11 +1477,10 @@ def mqar_breakdown(model: torch.nn.Module, task: Any, *, sequences: int = 128) -
             for s in range(0, xs.shape[0], task.eval_batch_size):
                 x, y = xs[s : s + task.eval_batch_size], ys[s : s + task.eval_batch_size]
                 pred = model(x).logits.argmax(-1)
-                for r, q in (y != IGNORE_INDEX).nonzero().tolist():
-                    keys = x[r, 0 : 2 * task.n_pairs : 2].tolist()
-                    v = 2 * keys.index(int(x[r, q])) + 1
-                    ok = bool(pred[r, q] == y[r, q])
-                    rows.append((q - v, ok, None if keep is None else bool(keep[q, v])))
+                for r, pairs in enumerate(mqar_recall_positions(x, y, task.n_pairs)):
+                    for q, v in pairs:
+                        ok = bool(pred[r, q] == y[r, q])
+                        rows.append((q - v, ok, None if keep is None else bool(keep[q, v])))
     finally:
         model.train(was)
 

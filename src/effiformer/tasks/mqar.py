@@ -56,6 +56,7 @@ __all__ = [
     "default_pairs",
     "length_ladder",
     "mqar_answers",
+    "mqar_recall_positions",
     "mqar_batch",
 ]
 
@@ -153,6 +154,20 @@ def mqar_answers(input_ids: Tensor, n_pairs: int) -> Tensor:
             tok = int(input_ids[r, pos])
             if tok in table:
                 out[r, pos] = table[tok]
+    return out
+
+
+def mqar_recall_positions(
+    input_ids: Tensor, targets: Tensor, n_pairs: int
+) -> list[list[tuple[int, int]]]:
+    """Per row of ``input_ids`` ``(rows, T)``, the ``(query position, value position)`` of every
+    scored query (``targets != -100``): where a recall head must look. The value sits right
+    after the first of the ``n_pairs`` keys equal to the query token."""
+    out = []
+    for r in range(input_ids.shape[0]):
+        keys = input_ids[r, 0 : 2 * n_pairs : 2].tolist()
+        out.append([(q, 2 * keys.index(int(input_ids[r, q])) + 1)
+                    for q in (targets[r] != IGNORE_INDEX).nonzero().flatten().tolist()])  # fmt: skip
     return out
 
 
