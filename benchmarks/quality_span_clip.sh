@@ -60,3 +60,9 @@ python benchmarks/adaptive_span_key_pe.py --out $R/quality_cpu_mqar_spanclip --c
   mqar/adaptive-span-dense/T64/lr0.001/s0 mqar/adaptive-span-self/T64/lr0.001/s0 \
   mqar/adaptive-span/T256/lr0.001/s0 mqar/adaptive-span-pe0/T256/lr0.001/s0 \
   mqar/adaptive-span-full/T256/lr0.001/s0
+# 2026-12-07, fifth session: without the vanilla model's absolute positions (the official
+# model's input; key_pe at its official N(0, 1)): 64 in three seeds, 256 in one
+effiformer bench "${q[@]}" adaptive-span-nopos --budget cpu --tasks mqar --lengths 64 --lr 1e-3 \
+  --seeds 3 --out $R/quality_cpu_mqar_spanclip
+effiformer bench "${q[@]}" adaptive-span-nopos --budget cpu --tasks mqar --lengths 256 --lr 1e-3 \
+  --out $R/quality_cpu_mqar_spanclip
