@@ -29,7 +29,7 @@ import torch
 
 from effiformer.attention import AttentionMask
 from effiformer.attention.adaptive_span import AdaptiveSpanAttention, SpanPositions
-from effiformer.bench.quality import BUDGETS, recorded_cells
+from effiformer.bench.quality import BUDGETS, module_inputs, recorded_cells
 from effiformer.checkpoint import load_checkpoint, load_config
 from effiformer.registry import build_model
 from effiformer.tasks.mqar import MQARTask, mqar_recall_positions
@@ -47,17 +47,7 @@ def score_terms(
     ``needs``: per row, (query position, value position); the value is never the last position."""
     (key_pe,) = [p for n, p in model.named_parameters() if n.endswith("key_pe")]
     layers = [m for m in model.modules() if isinstance(m, AdaptiveSpanAttention)]
-    inputs: dict[int, torch.Tensor] = {}
-    hooks = [
-        m.register_forward_pre_hook(lambda mod, args, i=i: inputs.__setitem__(i, args[0]))
-        for i, m in enumerate(layers)
-    ]
-    try:
-        model.eval()
-        model(x)
-    finally:
-        for h in hooks:
-            h.remove()
+    inputs = {i: h for i, (_, h, _) in enumerate(module_inputs(model, x, layers))}
     out = []
     t = x.shape[1]
     for i, m in enumerate(layers):

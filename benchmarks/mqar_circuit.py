@@ -46,7 +46,7 @@ from effiformer.attention import AttentionMask
 from effiformer.attention.adaptive_span import AdaptiveSpanAttention
 from effiformer.attention.dense import DenseAttention
 from effiformer.attention.relative_xl import RelativeXLAttention
-from effiformer.bench.quality import BUDGETS, _make_cell, recorded_cells
+from effiformer.bench.quality import BUDGETS, _make_cell, module_inputs, recorded_cells
 from effiformer.checkpoint import load_checkpoint
 from effiformer.tasks.mqar import MQARTask, length_ladder, mqar_recall_positions
 
@@ -59,19 +59,8 @@ RECENT = 8
 def layer_probs(model: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
     """The causal attention weights of every attention layer of ``model`` on ``x`` (B, T), in
     the order the model calls them: (B, H, T, T) each."""
-    seen = []
-
-    def pre(mod, args, kwargs):
-        seen.append((mod, args[0], kwargs.get("positions")))
-
     layers = [m for m in model.modules() if isinstance(m, PARTS)]
-    hooks = [m.register_forward_pre_hook(pre, with_kwargs=True) for m in layers]
-    try:
-        model.eval()
-        model(x)
-    finally:
-        for h in hooks:
-            h.remove()
+    seen = [(m, h, kw.get("positions")) for m, h, kw in module_inputs(model, x, layers)]
     out = []
     causal = AttentionMask(causal=True)
     for m, h, pos in seen:

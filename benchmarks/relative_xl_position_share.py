@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from effiformer.attention.relative_xl import RelativeXLAttention
-from effiformer.bench.quality import BUDGETS, _make_cell, _task_setup, recorded_cells
+from effiformer.bench.quality import BUDGETS, _make_cell, _task_setup, module_inputs, recorded_cells
 from effiformer.checkpoint import load_checkpoint
 from effiformer.cli.common import positive_int
 
@@ -41,19 +41,8 @@ BANDS = ((0, 0), (1, 1), (2, 8), (9, 64), (65, 256), (257, 1023), (1024, 16383))
 def position_share(model: torch.nn.Module, x: torch.Tensor) -> list[dict[str, float]]:
     """Per relative-XL layer of ``model`` on ``x`` (B, T): the variance of the content and of the
     position score terms over the causal (query, key) pairs, and the position share."""
-    seen = []
-
-    def pre(mod, args, kwargs):
-        seen.append((mod, args[0], kwargs["positions"]))
-
     layers = [m for m in model.modules() if isinstance(m, RelativeXLAttention)]
-    hooks = [m.register_forward_pre_hook(pre, with_kwargs=True) for m in layers]
-    try:
-        model.eval()
-        model(x)
-    finally:
-        for h in hooks:
-            h.remove()
+    seen = [(m, h, kw["positions"]) for m, h, kw in module_inputs(model, x, layers)]
     out = []
     for m, h, pos in seen:
         b, t, _ = h.shape

@@ -32,7 +32,14 @@ from pathlib import Path
 import torch
 
 from effiformer.attention.routing import RoutingAttention
-from effiformer.bench.quality import BUDGETS, TASKS, _make_cell, _task_setup, recorded_cells
+from effiformer.bench.quality import (
+    BUDGETS,
+    TASKS,
+    _make_cell,
+    _task_setup,
+    module_inputs,
+    recorded_cells,
+)
 from effiformer.checkpoint import load_checkpoint
 from effiformer.cli.common import positive_int
 
@@ -92,17 +99,7 @@ def unrouted(model: torch.nn.Module, x: torch.Tensor) -> list[float]:
 @torch.no_grad()
 def _layer_stats(model: torch.nn.Module, x: torch.Tensor) -> list[tuple[float, float]]:
     layers = [m for m in model.modules() if isinstance(m, RoutingAttention)]
-    seen: dict[int, torch.Tensor] = {}
-    hooks = [
-        m.o_proj.register_forward_pre_hook(lambda mod, args, i=i: seen.__setitem__(i, args[0]))
-        for i, m in enumerate(layers)
-    ]
-    try:
-        model.eval()
-        model(x)
-    finally:
-        for h in hooks:
-            h.remove()
+    seen = {i: h for i, (_, h, _) in enumerate(module_inputs(model, x, [m.o_proj for m in layers]))}
     stats = []
     for i, m in enumerate(layers):
         c, o = _columns(m), seen[i]

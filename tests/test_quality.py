@@ -619,3 +619,27 @@ def test_recorded_cells_checks_every_cell_before_returning(tmp_path):
         recorded_cells(tmp_path, ["mqar/dense/T64/lr0.001/s0", "mqar/local/T64/lr0.001/s0"])
     ((rec, where),) = recorded_cells(tmp_path, ["mqar/dense/T64/lr0.001/s0"])
     assert rec == recs[0] and where == run
+
+
+def test_module_inputs_returns_each_call_in_order_and_removes_its_hooks():
+    import torch
+
+    from effiformer.bench.quality import module_inputs
+
+    class Two(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(3, 3), torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.a(self.b(x) * 2.0)
+
+    m = Two().train()
+    x = torch.randn(2, 3)
+    seen = module_inputs(m, x, [m.a, m.b])
+    assert [mod for mod, _, _ in seen] == [m.b, m.a]  # the order the model calls them
+    torch.testing.assert_close(seen[0][1], x)
+    with torch.no_grad():
+        torch.testing.assert_close(seen[1][1], m.b(x) * 2.0)
+    assert not m.training  # scored in eval mode
+    assert not m.a._forward_pre_hooks and not m.b._forward_pre_hooks

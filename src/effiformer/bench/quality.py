@@ -587,6 +587,29 @@ def _make_cell(
     }
 
 
+@torch.no_grad()
+def module_inputs(
+    model: torch.nn.Module, x: torch.Tensor, modules: Sequence[torch.nn.Module]
+) -> list[tuple[torch.nn.Module, torch.Tensor, dict[str, Any]]]:
+    """Run ``model`` once on ``x`` in eval mode and return, for every call of one of
+    ``modules`` in the order the model makes them, ``(module, its first positional input, its
+    keyword arguments)``: what the scripts that score cells again read to recompute a part's
+    weights or split its output (``benchmarks/``)."""
+    seen: list[tuple[torch.nn.Module, torch.Tensor, dict[str, Any]]] = []
+
+    def pre(mod, args, kwargs):
+        seen.append((mod, args[0], dict(kwargs)))
+
+    hooks = [m.register_forward_pre_hook(pre, with_kwargs=True) for m in modules]
+    try:
+        model.eval()
+        model(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen
+
+
 def recorded_cells(out: str | Path, cells: Sequence[str]) -> list[tuple[dict[str, Any], Path]]:
     """``(record, run folder)`` of each of ``cells`` in the quality run folder ``out``, for the
     scripts that score trained cells again from their last checkpoint (``benchmarks/``). Every
