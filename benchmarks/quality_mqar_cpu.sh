@@ -55,12 +55,17 @@ effiformer bench "${common[@]}" --attention lsra --lengths 1024 "${seeds[@]}" --
 effiformer bench "${common[@]}" --attention routing --lengths 1024 "${seeds[@]}"
 effiformer bench "${common[@]}" --attention dense --lengths 1024 "${seeds[@]}" --seeds 3
 effiformer bench "${common[@]}" --attention relative-xl
+effiformer bench "${common[@]}" --attention sparse-fixed --lengths 1024 "${seeds[@]}" --seeds 2
+effiformer bench "${common[@]}" --attention relative-xl --lengths 1024 256 "${seeds[@]}" --seeds 2
+# dense's seed 2 at 1,024 continued past the budget to its target (its own folder)
+python benchmarks/quality_extend.py --from "$OUT" --cell mqar/dense/T1024/lr0.001/s2 \
+    --steps 32000 --out benchmarks/results/quality_cpu_mqar_dense1024_s2_long
 # the circuit read from trained cells' attention weights, and each 1,024 cell at every length
 python benchmarks/mqar_circuit.py --out "$OUT" --cells mqar/relative-xl/T1024/lr0.001/s0 \
     mqar/relative-xl-abspos/T64/lr0.001/s0 mqar/relative-xl-abspos/T1024/lr0.001/s0 \
     mqar/lsra/T64/lr0.001/s1 mqar/lsra/T1024/lr0.001/s0 mqar/lsra/T1024/lr0.001/s1
 python benchmarks/mqar_by_length.py --out "$OUT" --cells mqar/relative-xl/T1024/lr0.001/s0 \
-    mqar/routing/T1024/lr0.001/s0 mqar/lsra/T1024/lr0.001/s1
+    mqar/routing/T1024/lr0.001/s0 mqar/lsra/T1024/lr0.001/s1 mqar/sparse-fixed/T1024/lr0.001/s1
 python benchmarks/quality_diagnose.py --out "$OUT"
 # not run yet: adaptive span at 64 (its sweep) and 1,024, the other rows' seeds
 effiformer bench "${common[@]}" --attention "${others[@]}"
