@@ -46,8 +46,9 @@ def run(args, clip: str, corpus, out: Path) -> list[dict]:
         rows = [json.loads(line) for line in path.read_text().splitlines()]
         if len(rows) >= args.steps:
             return rows
+    # the model its records were measured with: the row before it lost the absolute positions
     model_name, over = _model_overrides(
-        BUDGETS["cpu-long"], "lm-ptb", "adaptive-span", args.seq_len
+        BUDGETS["cpu-long"], "lm-ptb", "adaptive-span-abspos", args.seq_len
     )
     over.update(vocab_size=corpus.vocab.size, seq_len=args.seq_len)
     torch.manual_seed(args.seed)

@@ -467,9 +467,21 @@ def test_a_model_ablation_changes_only_what_it_names():
     assert rel["positions"] == "none" and "positions" not in absolute  # the model's default
     assert {k: v for k, v in rel.items() if k != "positions"} == absolute
     assert not MECHANISMS["relative-xl-abspos"].default and MECHANISMS["relative-xl"].default
+    # adaptive span's row is the official model too (key_pe its only positions)
     _, span = _model_overrides(BUDGETS["cpu"], "mqar", "adaptive-span", 64)
-    _, span_nopos = _model_overrides(BUDGETS["cpu"], "mqar", "adaptive-span-nopos", 64)
-    assert span_nopos == {**span, "positions": "none"}
+    _, span_abs = _model_overrides(BUDGETS["cpu"], "mqar", "adaptive-span-abspos", 64)
+    assert span["positions"] == "none" and "positions" not in span_abs
+    assert {k: v for k, v in span.items() if k != "positions"} == span_abs
+    assert not MECHANISMS["adaptive-span-abspos"].default and MECHANISMS["adaptive-span"].default
+    # and its other ablations change one setting of the abspos model
+    _, pe0 = _model_overrides(BUDGETS["cpu"], "mqar", "adaptive-span-pe0", 64)
+    assert pe0 == {**span_abs, "attention": {**span_abs["attention"], "key_pe_std": 0.0}}
+    # routing-rel: the released models' positions (relative tables over every local distance,
+    # no absolute embeddings); the row keeps the default model
+    _, rt = _model_overrides(BUDGETS["cpu"], "mqar", "routing", 256)
+    _, rt_rel = _model_overrides(BUDGETS["cpu"], "mqar", "routing-rel", 256)
+    assert "positions" not in rt and rt_rel["positions"] == "none"
+    assert rt_rel["attention"] == {**rt["attention"], "max_relative_position": 64}
 
 
 def test_the_recurrent_segment_is_a_budget_setting_and_the_rest_of_t_is_memory():

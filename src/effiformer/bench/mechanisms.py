@@ -64,7 +64,8 @@ MECHANISMS: dict[str, Mechanism] = {
                   "l ~ sqrt(T), c = l/4"),
         Mechanism("adaptive-span", "vanilla", ("causal", "lm"),
                   lambda task, t: {"name": "adaptive_span", "max_span": t},
-                  "spans learned up to T"),
+                  "spans learned up to T; key_pe its only positions (no absolute embeddings, as "
+                  "the official model)", model=(("positions", "none"),)),
         Mechanism("routing", "vanilla", ("causal", "bidirectional", "lm"),
                   lambda task, t: {"name": "routing", "window": _window(task, t)},
                   "half the heads local, half routed, sqrt(T) clusters"),
@@ -86,14 +87,14 @@ MECHANISMS: dict[str, Mechanism] = {
         # ablations: one setting changed, to test an explanation of a weak row
         Mechanism("adaptive-span-full", "vanilla", ("causal", "lm"),
                   lambda task, t: {"name": "adaptive_span", "max_span": t, "init_span": 1.0},
-                  "ablation: spans start at S instead of 0", default=False),
+                  "ablation: spans start at S instead of 0 (of adaptive-span-abspos)", default=False),
         Mechanism("adaptive-span-self", "vanilla", ("causal", "lm"),
                   lambda task, t: {"name": "adaptive_span", "max_span": t, "include_self": True},
-                  "ablation: a query also attends to itself (the paper's keys are the previous "
-                  "positions only)", default=False),
+                  "ablation of adaptive-span-abspos: a query also attends to itself (the paper's "
+                  "keys are the previous positions only)", default=False),
         Mechanism("adaptive-span-pe0", "vanilla", ("causal", "lm"),
                   lambda task, t: {"name": "adaptive_span", "max_span": t, "key_pe_std": 0.0},
-                  "ablation: key_pe starts at zero instead of N(0, 1)", default=False),
+                  "ablation: key_pe starts at zero instead of N(0, 1) (of adaptive-span-abspos)", default=False),
         Mechanism("dense-nobias", "vanilla", ("causal", "bidirectional", "lm"),
                   lambda task, t: {"name": "dense", "bias": False},
                   "ablation: dense without Q/K/V/O biases (relative-XL's projections have none)",
@@ -106,14 +107,15 @@ MECHANISMS: dict[str, Mechanism] = {
                   lambda task, t: {"name": "relative_xl", "r_init_std": 0.0},
                   "ablation of relative-xl-abspos: W_{k,R} starts at zero (the position terms "
                   "start at zero) instead of the model's weight init", default=False),
-        Mechanism("adaptive-span-nopos", "vanilla", ("causal", "lm"),
+        Mechanism("adaptive-span-abspos", "vanilla", ("causal", "lm"),
                   lambda task, t: {"name": "adaptive_span", "max_span": t},
-                  "ablation: no absolute position embeddings (the official model's input: "
-                  "key_pe is its only position)", default=False, model=(("positions", "none"),)),
+                  "ablation: the vanilla model's learned absolute positions added under key_pe "
+                  "(the row before 2026-12-08)", default=False),
         Mechanism("adaptive-span-dense", "vanilla", ("causal", "lm"),
                   lambda task, t: {"name": "adaptive_span", "max_span": t, "init_span": 1.0,
                                    "include_self": True, "key_pe_std": 0.0, "penalty": 0.0},
-                  "ablation: dense at initialisation (spans at S, the query's own position, "
+                  "ablation of adaptive-span-abspos: dense at initialisation (spans at S, the "
+                  "query's own position, "
                   "key_pe at zero, no span loss); what still differs: no projection biases, "
                   "key_pe and the spans train", default=False),
         Mechanism("dense-sinusoidal", "vanilla", ("causal", "bidirectional", "lm"),
@@ -129,6 +131,13 @@ MECHANISMS: dict[str, Mechanism] = {
                                    "mute_routed": True},
                   "ablation: the routed heads' output zeroed (the local heads alone, same "
                   "parameters)", default=False),
+        Mechanism("routing-rel", "vanilla", ("causal", "bidirectional", "lm"),
+                  lambda task, t: {"name": "routing", "window": _window(task, t),
+                                   "max_relative_position": 2 * _window(task, t)},
+                  "ablation: the released models' positions: relative key and value tables in "
+                  "both head types (M = 2 x window, every distance of a local block; official "
+                  "513 for blocks of 256) and no absolute embeddings", default=False,
+                  model=(("positions", "none"),)),
         Mechanism("routing-wide", "vanilla", ("causal", "bidirectional", "lm"),
                   lambda task, t: {"name": "routing", "window": _window(task, t), "clusters": 4},
                   "ablation: 4 clusters of T/4 tokens instead of sqrt(T) of sqrt(T)",
