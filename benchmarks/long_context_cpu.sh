@@ -4,6 +4,9 @@
 # Budget `cpu-long`: the *-small size (d 256, 4 layers, 4 heads) at T = 4,096, 900 s of quiet
 # one-thread time per model (steps from timings taken alone on the quiet machine, OUT/timing.json),
 # two cells at a time; learning rate 2e-3 for all (no sweep at this budget).
+# 2026-12-08: adaptive span's row became the official model (no absolute position embeddings);
+# the adaptive-span cells these commands made before then are the ablation adaptive-span-abspos
+# (records renamed so); run again, they run the new row.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=benchmarks/results/long_context_cpu

@@ -6,6 +6,9 @@
 # the session), with the duplication ablations beside it. Then what this session did not reach:
 # the other MQAR rows at 1,024, MQAR at 256, PTB characters.
 # Resumable: rerun the same script to continue where it stopped (finished cells are skipped).
+# 2026-12-08: adaptive span's row became the official model (no absolute position embeddings);
+# the adaptive-span cells these commands made before then are the ablation adaptive-span-abspos
+# (records renamed so); run again, they run the new row.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=benchmarks/results/quality_cpu
@@ -37,3 +40,7 @@ effiformer bench "${lane[@]}" --tasks listops --attention routing lsh lsra funne
 # ablation now), and the row ran again (its sweep at 256 and three seeds)
 effiformer bench --part quality --budget cpu --tasks duplication --out "$OUT" --no-progress \
     --jobs 1 --attention relative-xl
+# 2026-12-08, sixth session: routing with the released models' positions (routing-rel), at the
+# rate the row's sweep picked (3e-3), seed 0, in the ablations folder
+effiformer bench --part quality --budget cpu --tasks duplication --seeds 1 --lr 3e-3 --no-progress \
+    --jobs 1 --attention routing-rel --out benchmarks/results/quality_cpu_ablations

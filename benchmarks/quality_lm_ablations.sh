@@ -18,3 +18,6 @@ effiformer bench "${common[@]}" --attention routing-mute --seeds 2
 effiformer bench "${common[@]}" --attention routing --seeds 2 --out benchmarks/results/quality_cpu_lm
 python benchmarks/routing_routed_head.py --out benchmarks/results/quality_cpu_lm --data "$DATA" \
   --cells lm-ptb/routing/T1024/lr0.003/s1 lm-shakespeare/routing/T1024/lr0.003/s0
+# 2026-12-08, sixth session: routing with the released models' positions (relative key and
+# value tables in both head types, M = 2 x window; no absolute embeddings), seed 0
+effiformer bench "${common[@]}" --attention routing-rel

@@ -11,6 +11,9 @@
 # adaptive span, relative-XL, XL and Compressive, and PTB dense's sweep (2026-12-07; adaptive span
 # on tinyshakespeare is in benchmarks/quality_span_clip.sh, with its span ratios clipped apart).
 # Resumable: rerun the same script to continue (finished cells are skipped).
+# 2026-12-08: adaptive span's row became the official model (no absolute position embeddings);
+# the adaptive-span cells these commands made before then are the ablation adaptive-span-abspos
+# (records renamed so); run again, they run the new row.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=benchmarks/results/quality_cpu_lm

@@ -6,6 +6,9 @@
 # length. Then the other mechanisms at dense's rate, 1e-3: at 256 first (dense solves it there
 # and the pairs lie beyond the local window), then at 1,024, then their own sweeps at 64.
 # Resumable: rerun the same script to continue where it stopped (finished cells are skipped).
+# 2026-12-08: adaptive span's row became the official model (no absolute position embeddings);
+# the adaptive-span cells these commands made before then are the ablation adaptive-span-abspos
+# (records renamed so); run again, they run the new row.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=benchmarks/results/quality_cpu_mqar
@@ -67,5 +70,10 @@ python benchmarks/mqar_circuit.py --out "$OUT" --cells mqar/relative-xl/T1024/lr
 python benchmarks/mqar_by_length.py --out "$OUT" --cells mqar/relative-xl/T1024/lr0.001/s0 \
     mqar/routing/T1024/lr0.001/s0 mqar/lsra/T1024/lr0.001/s1 mqar/sparse-fixed/T1024/lr0.001/s1
 python benchmarks/quality_diagnose.py --out "$OUT"
-# not run yet: adaptive span at 64 (its sweep) and 1,024, the other rows' seeds
+# 2026-12-08, sixth session: routing with the released models' positions (routing-rel: relative
+# key and value tables in both head types, M = 2 x window; no absolute embeddings), seed 0
+effiformer bench --part quality --budget cpu --tasks mqar --seeds 1 --no-progress --jobs 1 \
+    --attention routing-rel --lengths 64 256 --lr 1e-3 --out benchmarks/results/quality_cpu_mqar_ablations
+# not run yet: adaptive span at 1,024 (its 64 and 256 cells: quality_span_clip.sh), the other
+# rows' seeds
 effiformer bench "${common[@]}" --attention "${others[@]}"
