@@ -482,6 +482,8 @@ def test_a_model_ablation_changes_only_what_it_names():
     _, rt_rel = _model_overrides(BUDGETS["cpu"], "mqar", "routing-rel", 256)
     assert "positions" not in rt and rt_rel["positions"] == "none"
     assert rt_rel["attention"] == {**rt["attention"], "max_relative_position": 64}
+    _, rt_nopos = _model_overrides(BUDGETS["cpu"], "mqar", "routing-nopos", 256)
+    assert rt_nopos == {**rt, "positions": "none"}
 
 
 def test_the_recurrent_segment_is_a_budget_setting_and_the_rest_of_t_is_memory():

@@ -131,6 +131,11 @@ MECHANISMS: dict[str, Mechanism] = {
                                    "mute_routed": True},
                   "ablation: the routed heads' output zeroed (the local heads alone, same "
                   "parameters)", default=False),
+        Mechanism("routing-nopos", "vanilla", ("causal", "bidirectional", "lm"),
+                  lambda task, t: {"name": "routing", "window": _window(task, t)},
+                  "ablation: no absolute position embeddings and no relative tables (routing-rel "
+                  "without its tables: the queries carry no position)", default=False,
+                  model=(("positions", "none"),)),
         Mechanism("routing-rel", "vanilla", ("causal", "bidirectional", "lm"),
                   lambda task, t: {"name": "routing", "window": _window(task, t),
                                    "max_relative_position": 2 * _window(task, t)},
