@@ -44,3 +44,9 @@ effiformer bench --part quality --budget cpu --tasks duplication --out "$OUT" --
 # rate the row's sweep picked (3e-3), seed 0, in the ablations folder
 effiformer bench --part quality --budget cpu --tasks duplication --seeds 1 --lr 3e-3 --no-progress \
     --jobs 1 --attention routing-rel --out benchmarks/results/quality_cpu_ablations
+# (41.3% against the row's 2%): routing-nopos, which of its two changes moves it, and routing-rel's
+# other two seeds
+effiformer bench --part quality --budget cpu --tasks duplication --seeds 1 --lr 3e-3 --no-progress \
+    --jobs 1 --attention routing-nopos --out benchmarks/results/quality_cpu_ablations
+effiformer bench --part quality --budget cpu --tasks duplication --seeds 3 --lr 3e-3 --no-progress \
+    --jobs 1 --attention routing-rel --out benchmarks/results/quality_cpu_ablations

@@ -21,3 +21,7 @@ python benchmarks/routing_routed_head.py --out benchmarks/results/quality_cpu_lm
 # 2026-12-08, sixth session: routing with the released models' positions (relative key and
 # value tables in both head types, M = 2 x window; no absolute embeddings), seed 0
 effiformer bench "${common[@]}" --attention routing-rel
+# (it reached 1.834 test bpc, the row 2.477 / 2.094): its second seed, and routing-nopos (the
+# row without absolute positions and without the tables: which of the two changes does it)
+effiformer bench "${common[@]}" --attention routing-rel --seeds 2
+effiformer bench "${common[@]}" --attention routing-nopos
