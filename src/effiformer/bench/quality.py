@@ -156,7 +156,7 @@ class QualityBudget:
 _LRS = (1e-3, 3e-3, 1e-2)
 BUDGETS: dict[str, QualityBudget] = {
     "smoke": QualityBudget(
-        "smoke", dim=32, n_layers=1, n_heads=2, threads=1, jobs=1,
+        "smoke", dim=32, n_layers=1, n_heads=2, threads=1, jobs=2,
         tasks={
             "mqar": TaskBudget((64,), 6, 256, 1, (3e-3,), 3, min_batch=2),
             "duplication": TaskBudget((64,), 6, 256, 1, (3e-3,), 3, min_batch=2,
