@@ -87,14 +87,16 @@ MECHANISMS: dict[str, Mechanism] = {
         # ablations: one setting changed, to test an explanation of a weak row
         Mechanism("adaptive-span-full", "vanilla", ("causal", "lm"),
                   lambda task, t: {"name": "adaptive_span", "max_span": t, "init_span": 1.0},
-                  "ablation: spans start at S instead of 0 (of adaptive-span-abspos)", default=False),
+                  "ablation of adaptive-span-abspos: spans start at S instead of 0",
+                  default=False),
         Mechanism("adaptive-span-self", "vanilla", ("causal", "lm"),
                   lambda task, t: {"name": "adaptive_span", "max_span": t, "include_self": True},
                   "ablation of adaptive-span-abspos: a query also attends to itself (the paper's "
                   "keys are the previous positions only)", default=False),
         Mechanism("adaptive-span-pe0", "vanilla", ("causal", "lm"),
                   lambda task, t: {"name": "adaptive_span", "max_span": t, "key_pe_std": 0.0},
-                  "ablation: key_pe starts at zero instead of N(0, 1) (of adaptive-span-abspos)", default=False),
+                  "ablation of adaptive-span-abspos: key_pe starts at zero instead of N(0, 1)",
+                  default=False),
         Mechanism("dense-nobias", "vanilla", ("causal", "bidirectional", "lm"),
                   lambda task, t: {"name": "dense", "bias": False},
                   "ablation: dense without Q/K/V/O biases (relative-XL's projections have none)",
@@ -115,8 +117,8 @@ MECHANISMS: dict[str, Mechanism] = {
                   lambda task, t: {"name": "adaptive_span", "max_span": t, "init_span": 1.0,
                                    "include_self": True, "key_pe_std": 0.0, "penalty": 0.0},
                   "ablation of adaptive-span-abspos: dense at initialisation (spans at S, the "
-                  "query's own position, "
-                  "key_pe at zero, no span loss); what still differs: no projection biases, "
+                  "query's own position, key_pe at zero, no span loss); what still differs: no "
+                  "projection biases, "
                   "key_pe and the spans train", default=False),
         Mechanism("dense-sinusoidal", "vanilla", ("causal", "bidirectional", "lm"),
                   lambda task, t: {"name": "dense"},
